@@ -1,0 +1,79 @@
+"""DSL -> Feast objects (Entity, FeatureView with its output schema and sources, FeatureService).
+
+Each view's Feast source is a PushSource over the view's offline feature table (Parquet written by the
+backfill), so Feast's own `push` and `get_historical_features` work on our views unchanged. A DSL entity with
+several join keys becomes one Feast entity per key (`{entity}__{key}`): Feast entities carry one join key each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsl.entity import Entity
+from dsl.feature_view import FeatureView
+from dsl.repo import Repository
+
+EVENT_TIMESTAMP = "event_timestamp"
+
+
+@dataclass
+class FeastObjects:
+    entities: list
+    data_sources: list
+    feature_views: list
+    feature_services: list
+
+    def all(self) -> list:
+        return [*self.entities, *self.data_sources, *self.feature_views, *self.feature_services]
+
+
+def offline_table_path(data_dir: Path, view: FeatureView) -> Path:
+    """Where the backfill writes a view's offline feature table (one folder of Parquet files)."""
+    return data_dir / "offline" / view.name
+
+
+def feast_entities(entity: Entity) -> list:
+    from feast import Entity as FeastEntity
+
+    keys = list(entity.join_keys.items())
+    if len(keys) == 1:
+        key, kind = keys[0]
+        return [FeastEntity(name=entity.name, join_keys=[key], value_type=kind.feast_value_type(),
+                            description=entity.description, tags=dict(entity.tags))]
+    return [FeastEntity(name=f"{entity.name}__{key}", join_keys=[key], value_type=kind.feast_value_type(),
+                        description=f"{entity.description} (join key {key} of {entity.name})".strip(),
+                        tags={**entity.tags, "featurectl.entity": entity.name})
+            for key, kind in keys]
+
+
+def _feast_view(view: FeatureView, data_dir: Path):
+    from feast import FeatureView as FeastFeatureView, Field, FileSource, PushSource
+
+    batch = FileSource(name=f"{view.name}_offline", path=str(offline_table_path(data_dir, view)),
+                       timestamp_field=EVENT_TIMESTAMP,
+                       description=f"offline feature table of {view.name}, written by `featurectl backfill`")
+    push = PushSource(name=f"{view.name}_push", batch_source=batch)
+    schema = [Field(name=k, dtype=t.feast_type()) for k, t in view.entity.join_keys.items()]
+    schema += [Field(name=name, dtype=kind.feast_type()) for name, kind in view.output_schema().items()]
+    tags = {**view.tags, "featurectl.source": view.source.name, "featurectl.tile": str(view.tile)}
+    fv = FeastFeatureView(name=view.name, entities=feast_entities(view.entity), ttl=view.ttl, schema=schema,
+                          source=push, online=view.online, offline=view.offline, description=view.description,
+                          owner=view.owner, tags=tags)
+    return fv, [batch, push]
+
+
+def compile_feast(repo: Repository, data_dir: Path) -> FeastObjects:
+    from feast import FeatureService as FeastFeatureService
+
+    entities = [e for entity in repo.entities for e in feast_entities(entity)]
+    views, sources = {}, []
+    for view in repo.views:
+        views[view.name], view_sources = _feast_view(view, data_dir)
+        sources.extend(view_sources)
+    services = []
+    for service in repo.services:
+        projections = [views[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
+        services.append(FeastFeatureService(name=service.name, features=projections, description=service.description,
+                                            owner=service.owner, tags=dict(service.tags)))
+    return FeastObjects(entities, sources, list(views.values()), services)

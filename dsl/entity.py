@@ -1,0 +1,31 @@
+"""Entities: what features describe (an asset, a user), identified by one or more typed join keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from dsl.errors import DefinitionError
+from dsl.types import ValueType
+
+_KEY_TYPES = (ValueType.STRING, ValueType.INT32, ValueType.INT64)
+
+
+@dataclass(frozen=True)
+class Entity:
+    name: str
+    join_keys: Mapping[str, ValueType]
+    description: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"entity `{self.name}`"
+        if not self.name or not self.name.isidentifier():
+            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        if not self.join_keys:
+            raise DefinitionError(where, "has no join keys", "pass join_keys={\"asset_id\": String}")
+        for key, kind in self.join_keys.items():
+            if not isinstance(kind, ValueType) or kind not in _KEY_TYPES:
+                raise DefinitionError(where, f"join key `{key}` has type {kind!r}",
+                                      "join keys must be String, Int32 or Int64")
+        object.__setattr__(self, "join_keys", dict(self.join_keys))

@@ -1,0 +1,189 @@
+"""Feature views (entity + source + features + ttl) and feature services (features grouped for a model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Mapping, Sequence
+
+from dsl import aggregates
+from dsl.duration import parse_duration
+from dsl.entity import Entity
+from dsl.errors import (DefinitionError, DuplicateNameError, TypeMismatchError, UnknownColumnError,
+                        UnknownFeatureError, WindowError)
+from dsl.features import Aggregation, Attribute, Feature, Window
+from dsl.source import EventSource
+from dsl.types import ValueType
+
+
+@dataclass(frozen=True)
+class FeatureRef:
+    """Some features of one view, as a feature service lists them: `view[["a", "b"]]` or `"view:a"`."""
+
+    view: str
+    features: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FeatureView:
+    """Features of one entity computed from one source.
+
+    `tile` is the granularity of the partial aggregates behind every window: windows must be whole multiples of
+    it, and served values move in steps of one tile. `ttl` bounds how old a value may be and still be served.
+    """
+
+    name: str
+    entity: Entity
+    source: EventSource
+    features: Sequence[Feature]
+    ttl: str | timedelta = "7d"
+    tile: str | timedelta = "1m"
+    online: bool = True
+    offline: bool = True
+    description: str = ""
+    owner: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"feature view `{self.name}`"
+        if not self.name or not self.name.isidentifier():
+            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        if not isinstance(self.entity, Entity):
+            raise DefinitionError(where, f"entity must be an Entity, got {type(self.entity).__name__}")
+        if not isinstance(self.source, EventSource):
+            raise DefinitionError(where, f"source must be an EventSource, got {type(self.source).__name__}")
+        if not self.features:
+            raise DefinitionError(where, "has no features", "add Aggregation(...) or Attribute(...) entries")
+        object.__setattr__(self, "features", tuple(self.features))
+        object.__setattr__(self, "ttl", parse_duration(self.ttl, f"{where} ttl"))
+        object.__setattr__(self, "tile", parse_duration(self.tile, f"{where} tile"))
+        self._check_join_keys(where)
+        names: dict[str, str] = {}
+        for feature in self.features:
+            self._check_feature(feature, where)
+            for feature_name in feature.feature_names:
+                if feature_name in names or feature_name in self.entity.join_keys:
+                    raise DuplicateNameError(where, f"feature name `{feature_name}` is used twice",
+                                             "give one of the aggregations another name=\"...\"")
+                names[feature_name] = feature_name
+
+    def _check_join_keys(self, where: str) -> None:
+        schema = self.source.schema
+        for key, kind in self.entity.join_keys.items():
+            if key not in schema:
+                raise UnknownColumnError(where, f"join key `{key}` of entity `{self.entity.name}` is not a column "
+                                         f"of source `{self.source.name}`", f"add `{key}` to the source schema")
+            if schema[key] is not kind:
+                raise TypeMismatchError(where, f"join key `{key}` is {kind.value} in entity `{self.entity.name}` "
+                                        f"but {schema[key].value} in source `{self.source.name}`",
+                                        "declare the same type in both")
+
+    def _check_feature(self, feature: Feature, where: str) -> None:
+        schema = self.source.schema
+        if isinstance(feature, Attribute):
+            self._check_column(feature.column, where)
+            return
+        if not isinstance(feature, Aggregation):
+            raise DefinitionError(where, f"feature {feature!r} is neither an Aggregation nor an Attribute")
+        inner = f"{where}, aggregation `{feature.base_name}`"
+        if feature.column is not None:
+            self._check_column(feature.column, inner)
+            kind = schema[feature.column]
+            if aggregates.OPS[feature.op].numeric_only and not kind.is_numeric:
+                raise TypeMismatchError(inner, f"`{feature.op}` over {kind.value} column `{feature.column}`",
+                                        "use a numeric column, or count / approx_distinct / last for this one")
+        if feature.filter is not None:
+            if feature.filter.check(schema, inner) is not ValueType.BOOL:
+                raise TypeMismatchError(inner, f"filter {feature.filter!r} is not a condition",
+                                        "write a comparison such as col(\"event_type\") == \"view\"")
+        for window in feature.parsed_windows:
+            self._check_window(window, inner)
+
+    def _check_column(self, column: str, where: str) -> None:
+        if column not in self.source.schema:
+            raise UnknownColumnError(where, f"unknown column `{column}` in source `{self.source.name}`",
+                                     f"use one of: {', '.join(self.source.schema)}")
+
+    def _check_window(self, window: Window, where: str) -> None:
+        tile = self.tile
+        if window.length < tile:
+            raise WindowError(where, f"window `{window.label}` is shorter than the view's tile ({tile})",
+                              "use a longer window or a smaller tile=\"...\" on the view")
+        if window.length % tile:
+            raise WindowError(where, f"window `{window.label}` is not a whole number of tiles ({tile})",
+                              "pick a tile that divides every window, e.g. tile=\"1m\"")
+
+    @property
+    def aggregations(self) -> list[Aggregation]:
+        return [f for f in self.features if isinstance(f, Aggregation)]
+
+    @property
+    def attributes(self) -> list[Attribute]:
+        return [f for f in self.features if isinstance(f, Attribute)]
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [name for feature in self.features for name in feature.feature_names]
+
+    def output_schema(self) -> dict[str, ValueType]:
+        """Served feature name -> type, in declaration order."""
+        schema = self.source.schema
+        out: dict[str, ValueType] = {}
+        for feature in self.features:
+            if isinstance(feature, Attribute):
+                out[feature.feature_names[0]] = schema[feature.column]
+                continue
+            kind = aggregates.output_type(feature.op, schema.get(feature.column) if feature.column else None)
+            for name in feature.feature_names:
+                out[name] = kind
+        return out
+
+    @property
+    def max_window(self) -> timedelta:
+        lengths = [w.length for a in self.aggregations for w in a.parsed_windows]
+        return max(lengths) if lengths else self.tile
+
+    def __getitem__(self, names: Sequence[str]) -> FeatureRef:
+        if isinstance(names, str):
+            names = [names]
+        missing = [n for n in names if n not in self.feature_names]
+        if missing:
+            raise UnknownFeatureError(f"feature view `{self.name}`", f"has no feature {', '.join(missing)}",
+                                      f"pick from: {', '.join(self.feature_names)}")
+        return FeatureRef(self.name, tuple(names))
+
+
+@dataclass(frozen=True)
+class FeatureService:
+    """The features one model reads, from one or more views; resolved and checked by the repository."""
+
+    name: str
+    features: Sequence[FeatureView | FeatureRef | str]
+    description: str = ""
+    owner: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"feature service `{self.name}`"
+        if not self.name or not self.name.isidentifier():
+            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        if not self.features:
+            raise DefinitionError(where, "lists no features", "pass views or view[[\"feature\", ...]] entries")
+        object.__setattr__(self, "features", tuple(self.features))
+
+    def refs(self) -> list[FeatureRef]:
+        """Entries as FeatureRefs; a whole view becomes all its features, "view:feature" one feature."""
+        out: list[FeatureRef] = []
+        for entry in self.features:
+            if isinstance(entry, FeatureView):
+                out.append(FeatureRef(entry.name, tuple(entry.feature_names)))
+            elif isinstance(entry, FeatureRef):
+                out.append(entry)
+            elif isinstance(entry, str) and entry.count(":") == 1:
+                view, feature = entry.split(":")
+                out.append(FeatureRef(view, (feature,)))
+            else:
+                raise UnknownFeatureError(f"feature service `{self.name}`", f"entry {entry!r} is not a feature",
+                                          "write a view, view[[\"feature\"]] or \"view:feature\"")
+        return out
+

@@ -1,0 +1,136 @@
+"""HyperLogLog sketches for approximate distinct counts, byte-identical to the Flink UDFs in `udf/`.
+
+Tiles computed by Flink (`HLL_SKETCH`) are combined into window values here or in SQL (`HLL_MERGE`), so both
+sides must agree bit for bit. Format version 1; `dev.featurectl.udf.Hll` implements the same, keep them in step:
+
+- hash: MurmurHash3 x64_128, seed 0, over the value's UTF-8 bytes; the first 64-bit half (h1), unsigned.
+- p = 14, m = 2**14 = 16384 registers; relative standard error 1.04 / sqrt(m) = 0.81 %.
+- register index = the top p bits of the hash; rank = leading zeros of the other 64 - p bits (shifted to the
+  top) + 1, capped at 64 - p + 1 = 51. A register keeps the greatest rank it saw; 0 means never hit.
+- estimate: raw = alpha_m * m**2 / sum(2**-register), alpha_m = 0.7213 / (1 + 1.079 / m); when raw <= 2.5 m and
+  `zeros` registers are 0 (zeros > 0), linear counting m * ln(m / zeros) instead; no large-range correction with
+  64-bit hashes. The sum runs over a histogram of registers from rank 51 down to 0 and the result is rounded
+  half up, so Java and Python return the same integer.
+- bytes: [0] version 1, [1] p, [2] encoding (0 sparse, 1 dense), then
+  sparse: u16 count (little-endian) and `count` entries (u16 index LE, u8 rank) of the non-zero registers,
+  sorted by index; used exactly while count * 3 < m, where it is the smaller form.
+  dense: m bytes, the rank of each register in index order.
+  The encoding follows from the registers alone, so equal sketches are equal bytes; b"" reads as empty.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import mmh3
+import numpy as np
+
+P = 14
+M = 1 << P
+MAX_RANK = 64 - P + 1
+VERSION = 1
+RELATIVE_STANDARD_ERROR = 1.04 / math.sqrt(M)
+
+_SPARSE = 0
+_DENSE = 1
+_ALPHA = 0.7213 / (1 + 1.079 / M)
+_LOW_BITS = (1 << (64 - P)) - 1
+_ENTRY = np.dtype([("index", "<u2"), ("rank", "u1")])  # packed: 3 bytes, as in the wire format
+
+
+def hll_hash(value: str) -> int:
+    """The sketch's 64-bit hash of `value`; a lone surrogate encodes as '?', as in Flink's StringData."""
+    return mmh3.hash64(value.encode("utf-8", "replace"), seed=0, signed=False)[0]
+
+
+class HyperLogLog:
+    """A mutable sketch: 16384 uint8 registers, serialized canonically by `to_bytes`."""
+
+    __slots__ = ("registers",)
+
+    def __init__(self) -> None:
+        self.registers = np.zeros(M, dtype=np.uint8)
+
+    def add(self, value: str) -> None:
+        hashed = hll_hash(value)
+        index = hashed >> (64 - P)
+        rank = MAX_RANK - (hashed & _LOW_BITS).bit_length()
+        self.registers[index] = max(int(self.registers[index]), rank)
+
+    def add_many(self, values: Iterable[Optional[str]]) -> None:
+        """Adds every value; None is skipped, as SQL NULL is by HLL_SKETCH."""
+        hashes = np.fromiter((hll_hash(v) for v in values if v is not None), dtype=np.uint64)
+        index = (hashes >> np.uint64(64 - P)).astype(np.intp)
+        # The low 64 - p bits fit a float64 exactly, and frexp's exponent is their bit length (0 for 0).
+        _, bit_length = np.frexp((hashes & np.uint64(_LOW_BITS)).astype(np.float64))
+        np.maximum.at(self.registers, index, (MAX_RANK - bit_length).astype(np.uint8))
+
+    def merge(self, other: HyperLogLog) -> None:
+        """Makes this sketch the union of itself and `other`."""
+        np.maximum(self.registers, other.registers, out=self.registers)
+
+    def estimate(self) -> int:
+        histogram = np.bincount(self.registers, minlength=MAX_RANK + 1)
+        total = 0.0
+        for rank in range(MAX_RANK, -1, -1):  # the order Hll.java sums in: same floats, same result
+            total += math.ldexp(float(histogram[rank]), -rank)
+        raw = _ALPHA * M * M / total
+        zeros = int(histogram[0])
+        value = M * math.log(M / zeros) if raw <= 2.5 * M and zeros > 0 else raw
+        return math.floor(value + 0.5)
+
+    def to_bytes(self) -> bytes:
+        nonzero = np.flatnonzero(self.registers)
+        if len(nonzero) * 3 < M:
+            entries = np.empty(len(nonzero), dtype=_ENTRY)
+            entries["index"] = nonzero
+            entries["rank"] = self.registers[nonzero]
+            return bytes((VERSION, P, _SPARSE)) + len(nonzero).to_bytes(2, "little") + entries.tobytes()
+        return bytes((VERSION, P, _DENSE)) + self.registers.tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> HyperLogLog:
+        sketch = cls()
+        _merge_bytes(sketch.registers, data)
+        return sketch
+
+
+def merge_sketches(sketches: Iterable[Optional[bytes]]) -> bytes:
+    """The union of serialized sketches (e.g. tiles into a window); None is skipped, as by HLL_MERGE."""
+    union = HyperLogLog()
+    for data in sketches:
+        if data is not None:
+            _merge_bytes(union.registers, data)
+    return union.to_bytes()
+
+
+def estimate(sketch: Optional[bytes]) -> int:
+    """The distinct count of a serialized sketch; None or b"" is 0, as in HLL_ESTIMATE."""
+    return HyperLogLog.from_bytes(sketch).estimate() if sketch else 0
+
+
+def _merge_bytes(registers: np.ndarray, data: bytes) -> None:
+    """Raises `registers` to the ranks of a serialized sketch, validating it on the way."""
+    if not data:
+        return
+    if len(data) < 3 or data[0] != VERSION or data[1] != P or data[2] not in (_SPARSE, _DENSE):
+        head = list(data[:3])
+        msg = (f"not a featurectl HLL sketch: header {head}, expected [{VERSION}, {P}, 0 or 1]; "
+               "build sketches with HLL_SKETCH or dsl.sketch")
+        raise ValueError(msg)
+    if data[2] == _DENSE:
+        if len(data) != 3 + M:
+            raise ValueError(f"corrupt dense HLL sketch: {len(data)} bytes, expected {3 + M}")
+        index, ranks = slice(None), np.frombuffer(data, dtype=np.uint8, offset=3)
+    else:
+        count = int.from_bytes(data[3:5], "little")
+        if len(data) < 5 or len(data) != 5 + 3 * count:
+            raise ValueError(f"corrupt sparse HLL sketch: {len(data)} bytes for {count} entries")
+        entries = np.frombuffer(data, dtype=_ENTRY, offset=5)
+        index, ranks = entries["index"].astype(np.intp), entries["rank"]
+        if count and index.max() >= M:
+            raise ValueError(f"corrupt sparse HLL sketch: register index {index.max()} >= {M}")
+    if len(ranks) and ranks.max() > MAX_RANK:
+        raise ValueError(f"corrupt HLL sketch: rank {ranks.max()} > {MAX_RANK}")
+    registers[index] = np.maximum(registers[index], ranks)  # sparse indexes are unique within a sketch

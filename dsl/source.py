@@ -1,0 +1,60 @@
+"""Event sources: one schema for a Kafka topic (streaming) and a Parquet folder (history)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping, Optional
+
+from dsl.duration import parse_duration
+from dsl.errors import DefinitionError, MissingTimestampError, TypeMismatchError
+from dsl.types import ValueType
+
+# Names the compiled SQL adds to every source table; a user column may not take them.
+ROWTIME = "__rowtime"
+RESERVED_COLUMNS = frozenset({ROWTIME, "window_start", "window_end", "window_time", "tile_start", "tile_end"})
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """Events with an event-time field (epoch milliseconds in both Kafka JSON and Parquet).
+
+    `watermark_delay` is how late an event may arrive and still count (the bounded out-of-orderness of the
+    Flink watermark). `kafka_topic` feeds streaming jobs; `path` (a Parquet folder, relative to the repo's
+    data folder unless absolute) feeds backfills.
+    """
+
+    name: str
+    schema: Mapping[str, ValueType]
+    timestamp_field: Optional[str]
+    kafka_topic: Optional[str] = None
+    path: Optional[str] = None
+    watermark_delay: str | timedelta = "5s"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"source `{self.name}`"
+        if not self.name or not self.name.isidentifier():
+            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        if not self.schema:
+            raise DefinitionError(where, "has an empty schema", "list its columns: schema={\"col\": String, ...}")
+        for column, kind in self.schema.items():
+            if not isinstance(kind, ValueType):
+                raise TypeMismatchError(where, f"column `{column}` has type {kind!r}",
+                                        "use a dsl type: String, Int32, Int64, Float32, Float64, Bool, Timestamp")
+            if column in RESERVED_COLUMNS:
+                raise DefinitionError(where, f"column `{column}` uses a reserved name", "rename the column")
+        if not self.timestamp_field:
+            raise MissingTimestampError(where, "has no timestamp_field",
+                                        "name the event-time column: timestamp_field=\"event_time\"")
+        if self.timestamp_field not in self.schema:
+            raise MissingTimestampError(where, f"timestamp_field `{self.timestamp_field}` is not in the schema",
+                                        f"add it as Timestamp or pick one of: {', '.join(self.schema)}")
+        if self.schema[self.timestamp_field] is not ValueType.TIMESTAMP:
+            raise TypeMismatchError(where, f"timestamp_field `{self.timestamp_field}` has type "
+                                    f"{self.schema[self.timestamp_field].value}",
+                                    "declare it as Timestamp (epoch milliseconds)")
+        if not self.kafka_topic and not self.path:
+            raise DefinitionError(where, "has neither kafka_topic nor path", "give a topic, a Parquet path, or both")
+        object.__setattr__(self, "schema", dict(self.schema))
+        object.__setattr__(self, "watermark_delay", parse_duration(self.watermark_delay, f"{where} watermark_delay"))

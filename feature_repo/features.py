@@ -1,0 +1,104 @@
+"""The example repo: asset-centric features for a 3D asset marketplace and the Cube 3D generation service."""
+
+from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, Int64, String,
+                 Timestamp, col)
+
+asset = Entity("asset", join_keys={"asset_id": String}, description="a 3D asset in the catalog")
+user = Entity("user", join_keys={"user_id": String}, description="a person browsing and generating assets")
+
+interactions = EventSource(
+    name="asset_interactions",
+    schema={
+        "asset_id": String,
+        "user_id": String,
+        "event_type": String,  # view | like | download | generate
+        "dwell_ms": Int64,
+        "event_time": Timestamp,
+    },
+    timestamp_field="event_time",
+    kafka_topic="asset_interactions",
+    path="asset_interactions",
+    watermark_delay="5s",
+    description="one event per interaction of a user with an asset",
+)
+
+catalog = EventSource(
+    name="asset_catalog",
+    schema={
+        "asset_id": String,
+        "category": String,
+        "creator_id": String,
+        "style": String,
+        "bbox_x": Float64,
+        "bbox_y": Float64,
+        "bbox_z": Float64,
+        "polygon_count": Int64,
+        "updated_at": Timestamp,
+    },
+    timestamp_field="updated_at",
+    kafka_topic="asset_catalog",
+    path="asset_catalog",
+    description="asset metadata, one row per change",
+)
+
+WINDOWS = ["10m", "1h", "24h"]
+is_type = {kind: col("event_type") == kind for kind in ("view", "like", "download", "generate")}
+
+asset_activity = FeatureView(
+    name="asset_activity",
+    entity=asset,
+    source=interactions,
+    tile="1m",
+    ttl="2d",
+    features=[
+        Aggregation("count", windows=WINDOWS, filter=is_type["view"], name="views"),
+        Aggregation("count", windows=WINDOWS, filter=is_type["like"], name="likes"),
+        Aggregation("count", windows=WINDOWS, filter=is_type["download"], name="downloads"),
+        Aggregation("count", windows=["1h", "24h"], filter=is_type["generate"], name="generations"),
+        Aggregation("approx_distinct", "user_id", windows=["1h", "24h"], name="unique_users"),
+        Aggregation("mean", "dwell_ms", windows=["1h"], filter=is_type["view"], name="dwell_ms_mean"),
+        Aggregation("max", "dwell_ms", windows=["24h"], name="dwell_ms_max"),
+        Aggregation("last", "user_id", windows=["24h"], name="last_user"),
+    ],
+    description="engagement with each asset over sliding windows",
+)
+
+asset_attributes = FeatureView(
+    name="asset_attributes",
+    entity=asset,
+    source=catalog,
+    tile="1h",
+    ttl="365d",
+    features=[Attribute(c) for c in ("category", "creator_id", "style", "bbox_x", "bbox_y", "bbox_z",
+                                     "polygon_count")],
+    description="static attributes of each asset, latest version",
+)
+
+user_activity = FeatureView(
+    name="user_activity",
+    entity=user,
+    source=interactions,
+    tile="5m",
+    ttl="7d",
+    features=[
+        Aggregation("count", windows=["1h", "24h"], name="events"),
+        Aggregation("count", windows=["24h"], filter=is_type["generate"], name="generations"),
+        Aggregation("approx_distinct", "asset_id", windows=["24h"], name="unique_assets"),
+    ],
+    description="how active each user is",
+)
+
+asset_ranking = FeatureService(
+    name="asset_ranking",
+    features=[asset_activity, asset_attributes[["category", "style"]]],
+    description="features of the asset ranking model",
+)
+
+cube3d_conditioning = FeatureService(
+    name="cube3d_conditioning",
+    features=[
+        asset_attributes[["bbox_x", "bbox_y", "bbox_z", "category", "style"]],
+        asset_activity[["views_24h", "likes_24h", "unique_users_24h"]],
+    ],
+    description="asset features that condition Cube 3D generation (bbox token + extra tokens)",
+)

@@ -1,0 +1,3 @@
+from featurectl.cli import main
+
+main()

@@ -1,0 +1,74 @@
+"""`featurectl`: one command group per noun; each group lives in its own module of this package."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from featurectl.config import ConfigError, load_config
+
+
+class Context:
+    """What every command needs: where the feature repo is and which registry to use."""
+
+    def __init__(self, repo: Path, registry: str | None):
+        self.repo = repo
+        self.registry = registry
+
+    def config(self):
+        if self.registry == "postgres":
+            cfg = load_config(self.repo)
+            return load_config(self.repo, registry_override=cfg.postgres_url())
+        return load_config(self.repo, registry_override=self.registry)
+
+
+@click.group()
+@click.option("--repo", type=click.Path(path_type=Path), default=Path("feature_repo"), show_default=True,
+              help="folder holding feature_store.yaml and the feature definitions")
+@click.option("--registry", default=None,
+              help="registry URL (sqlite:///..., postgresql://...) or `postgres` for the local one; "
+                   "overrides feature_store.yaml")
+@click.option("-v", "--verbose", is_flag=True, help="debug logging")
+@click.pass_context
+def cli(ctx: click.Context, repo: Path, registry: str | None, verbose: bool) -> None:
+    """Feature platform: DSL -> Flink SQL -> Feast registry -> Redis -> online models."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        # PyFlink, Beam and Feast announce their own deprecations at import (and reset the warning filters while
+        # doing so); users cannot act on them, so they are shown with -v only.
+        warnings.showwarning = _show_warning_unless_deprecation
+        logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    ctx.obj = Context(repo, registry)
+
+
+_show_warning = warnings.showwarning
+
+
+def _show_warning_unless_deprecation(message, category, filename, lineno, file=None, line=None) -> None:
+    if not category.__name__.endswith("DeprecationWarning"):
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+def _register_commands() -> None:
+    from featurectl import services, repo_commands, datagen, demo, bench
+
+    cli.add_command(services.services)
+    for command in (repo_commands.plan, repo_commands.apply, repo_commands.teardown):
+        cli.add_command(command)
+    cli.add_command(datagen.datagen)
+    cli.add_command(demo.demo)
+    cli.add_command(bench.bench)
+
+
+def main() -> None:
+    _register_commands()
+    try:
+        cli(standalone_mode=True)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)

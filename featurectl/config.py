@@ -1,0 +1,119 @@
+"""The project's settings: Feast's `feature_store.yaml` plus the `platform` section only featurectl reads.
+
+One file is the single source of truth: Redis comes from Feast's `online_store.connection_string`, the registry
+from Feast's `registry.path`, and everything Feast does not know about (Kafka, PostgreSQL, Flink, the state
+folder) from `platform`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_REPO = Path("feature_repo")
+
+
+class ConfigError(Exception):
+    """The repo's settings are missing or wrong; the message says which and how to fix them."""
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bootstrap_servers: str = Field("127.0.0.1:19092", description="host:port of the broker listener")
+    controller_port: int = Field(19093, description="KRaft controller port of the local single-node broker")
+
+
+class PostgresSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(False, description="start a local PostgreSQL with `services up`")
+    port: int = 15432
+    database: str = "featurectl"
+    user: str = "featurectl"
+
+
+class FlinkSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    jobmanager: Optional[str] = Field(None, description="host:port of a Flink cluster; None = local mini-cluster")
+    parallelism: int = 1
+
+
+class PlatformSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state_dir: str = "../.featurectl"
+    data_dir: str = "../data"
+    kafka: KafkaSettings = KafkaSettings()
+    postgres: PostgresSettings = PostgresSettings()
+    flink: FlinkSettings = FlinkSettings()
+
+
+class ProjectConfig:
+    """Resolved settings of one feature repo (paths made absolute against the repo folder)."""
+
+    def __init__(self, repo_path: Path, raw: dict[str, Any], registry_override: Optional[str] = None):
+        self.repo_path = repo_path.resolve()
+        self.raw = raw
+        self.project: str = raw.get("project") or ""
+        if not self.project:
+            raise ConfigError(f"{repo_path}/feature_store.yaml has no `project`: add `project: <name>`")
+        self.platform = PlatformSettings(**(raw.get("platform") or {}))
+        self.registry_url = self._resolve_registry(registry_override)
+
+    @property
+    def state_dir(self) -> Path:
+        return (self.repo_path / self.platform.state_dir).resolve()
+
+    @property
+    def data_dir(self) -> Path:
+        return (self.repo_path / self.platform.data_dir).resolve()
+
+    @property
+    def redis_host_port(self) -> tuple[str, int]:
+        conn = (self.raw.get("online_store") or {}).get("connection_string", "127.0.0.1:6379")
+        host_port = conn.split(",")[0]
+        host, _, port = host_port.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    @property
+    def uses_postgres_registry(self) -> bool:
+        return self.registry_url.startswith("postgresql")
+
+    def _resolve_registry(self, override: Optional[str]) -> str:
+        url = override or os.environ.get("FEATURECTL_REGISTRY") or (self.raw.get("registry") or {}).get("path")
+        if not url:
+            raise ConfigError("feature_store.yaml has no `registry.path`: set a sqlite:/// or postgresql:// URL")
+        prefix = "sqlite:///"
+        if url.startswith(prefix) and not url[len(prefix):].startswith("/"):
+            url = prefix + str((self.repo_path / url[len(prefix):]).resolve())
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        return url
+
+    def postgres_url(self) -> str:
+        pg = self.platform.postgres
+        return f"postgresql+psycopg://{pg.user}@127.0.0.1:{pg.port}/{pg.database}"
+
+    def feast_repo_config(self):
+        """A Feast `RepoConfig` for this repo, with the resolved registry URL."""
+        from feast.repo_config import RepoConfig
+
+        raw = {k: v for k, v in self.raw.items() if k != "platform"}
+        registry = dict(raw.get("registry") or {})
+        registry["path"] = self.registry_url
+        raw["registry"] = registry
+        return RepoConfig(repo_path=self.repo_path, **raw)
+
+
+def load_config(repo_path: Path | str = DEFAULT_REPO, registry_override: Optional[str] = None) -> ProjectConfig:
+    path = Path(repo_path)
+    yaml_path = path / "feature_store.yaml"
+    if not yaml_path.is_file():
+        raise ConfigError(
+            f"no feature_store.yaml in {path.resolve()}: run featurectl from the project root or pass --repo PATH"
+        )
+    with yaml_path.open() as fh:
+        raw = yaml.safe_load(fh) or {}
+    return ProjectConfig(path, raw, registry_override)

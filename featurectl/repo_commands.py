@@ -1,0 +1,123 @@
+"""`featurectl plan | apply | teardown`: compile the repo and register it in Feast's SQL registry."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import click
+
+from dsl import DefinitionError, Repository, load_repo
+from dsl.compile_feast import FeastObjects, compile_feast
+from dsl.compile_flink import CompiledView, SourceSettings, compile_view
+from featurectl.config import ProjectConfig
+
+
+def compile_repo(cfg: ProjectConfig) -> tuple[Repository, FeastObjects, list[CompiledView]]:
+    try:
+        repo = load_repo(cfg.repo_path)
+    except DefinitionError as exc:
+        raise click.ClickException(f"invalid feature definition: {exc}") from exc
+    feast_objects = compile_feast(repo, cfg.data_dir)
+    settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
+    return repo, feast_objects, [compile_view(view, settings) for view in repo.views]
+
+
+def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
+    from feast.project import Project
+    from feast.repo_contents import RepoContents
+
+    return RepoContents(projects=[Project(name=cfg.project)], data_sources=objects.data_sources,
+                        feature_views=objects.feature_views, on_demand_feature_views=[], stream_feature_views=[],
+                        label_views=[], entities=objects.entities, feature_services=objects.feature_services,
+                        permissions=[])
+
+
+def _store(cfg: ProjectConfig):
+    from feast import FeatureStore
+
+    return FeatureStore(config=cfg.feast_repo_config())
+
+
+def _diff_without_touching(cfg: ProjectConfig, objects: FeastObjects) -> str:
+    """Feast's registry diff, computed on a scratch copy when the registry is a SQLite file."""
+    if cfg.uses_postgres_registry:
+        registry_diff, _, _ = _store(cfg).plan(_repo_contents(cfg, objects))
+        return registry_diff.to_string()
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "registry.db"
+        current = Path(cfg.registry_url.removeprefix("sqlite:///"))
+        if current.exists():
+            shutil.copyfile(current, copy)
+        scratch_cfg = ProjectConfig(cfg.repo_path, cfg.raw, registry_override=f"sqlite:///{copy}")
+        registry_diff, _, _ = _store(scratch_cfg).plan(_repo_contents(scratch_cfg, objects))
+        return registry_diff.to_string()
+
+
+def _print_sql(compiled: list[CompiledView]) -> None:
+    if compiled:
+        click.secho("\n-- functions (both modes)", fg="cyan")
+        click.echo(";\n".join(compiled[0].function_ddl) + ";")
+    for view in compiled:
+        for mode in ("streaming", "batch"):
+            click.secho(f"\n-- feature view {view.view}: {mode} source", fg="cyan")
+            click.echo((view.streaming_source_ddl if mode == "streaming" else view.batch_source_ddl) + ";")
+        click.secho(f"\n-- feature view {view.view}: tile query (the same text in both modes)", fg="cyan")
+        click.echo(view.tile_query + ";")
+
+
+@click.command()
+@click.option("--sql/--no-sql", default=True, show_default=True, help="print the compiled Flink SQL")
+@click.pass_obj
+def plan(ctx, sql: bool) -> None:
+    """Show what `apply` would register and the Flink SQL of each view, changing nothing."""
+    cfg = ctx.config()
+    _, objects, compiled = compile_repo(cfg)
+    click.secho(f"project `{cfg.project}`, registry {cfg.registry_url}", bold=True)
+    click.echo(_diff_without_touching(cfg, objects))
+    if sql:
+        _print_sql(compiled)
+
+
+def _stale_objects(store, objects: FeastObjects) -> list:
+    """Objects in the registry that the repo no longer defines (what `apply` removes)."""
+    wanted = {(type(o).__name__, o.name) for o in objects.all()}
+    current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_data_sources(),
+               *store.list_entities()]
+    return [o for o in current if (type(o).__name__, o.name) not in wanted]
+
+
+@click.command()
+@click.pass_obj
+def apply(ctx) -> None:
+    """Register entities, sources, feature views and services in the Feast registry (idempotent)."""
+    cfg = ctx.config()
+    _, objects, _ = compile_repo(cfg)
+    store = _store(cfg)
+    registry_diff, _, _ = store.plan(_repo_contents(cfg, objects))
+    stale = _stale_objects(store, objects)
+    store.apply(objects.all(), objects_to_delete=stale, partial=False)
+    click.echo(registry_diff.to_string())
+    click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "
+               f"{len(objects.feature_services)} feature services to {cfg.registry_url}"
+               + (f"; removed {len(stale)} stale objects" if stale else ""))
+
+
+@click.command()
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.pass_obj
+def teardown(ctx, yes: bool) -> None:
+    """Remove everything `apply` registered for this project, and its online values in Redis."""
+    cfg = ctx.config()
+    if not yes:
+        click.confirm(f"Remove project `{cfg.project}` from {cfg.registry_url} and its online values?", abort=True)
+    store = _store(cfg)
+    everything = _stale_objects(store, FeastObjects([], [], [], []))
+    try:
+        store.apply([], objects_to_delete=everything, partial=False)
+    except ConnectionError as exc:
+        raise click.ClickException(f"cannot reach Redis to delete online values ({exc}): "
+                                   "run `featurectl services up` and retry") from exc
+    store.registry.delete_project(cfg.project, commit=True)
+    click.echo(f"removed {len(everything)} objects of project `{cfg.project}`")

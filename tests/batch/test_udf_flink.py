@@ -1,0 +1,178 @@
+"""The Java SQL functions (udf/) in Flink batch mode: sketches byte-identical to dsl.sketch, LAST_BY order-free."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import mmh3
+import numpy as np
+import pytest
+
+from dsl import sketch
+from dsl.sql_functions import function_ddl
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = datetime(2024, 5, 1, 12, 0, 0)
+# group -> (rows, distinct values): sparse, bigger sparse and dense sketches.
+GROUPS = {"few": (40, 20), "some": (3000, 2000), "many": (15000, 12000)}
+
+
+@pytest.fixture(scope="module")
+def env():
+    """One batch TableEnvironment for the file (a PyFlink start costs seconds), with the jar built fresh."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "build_udf.sh")], check=True)
+    from batch.flink_env import create_table_env
+
+    table_env = create_table_env(streaming=False)
+    for ddl in function_ddl():
+        table_env.execute_sql(ddl)
+    return table_env
+
+
+@pytest.fixture(scope="module")
+def events(env) -> list[tuple]:
+    """Registers view `events(k, v, ts)`: five minutes of events per group, timestamp ties and a NULL value."""
+    from pyflink.table import DataTypes
+
+    rows = [(k, f"{k}-{i % distinct}", BASE + timedelta(seconds=(i * 7) % 300))
+            for k, (count, distinct) in GROUPS.items() for i in range(count)]
+    rows.append(("few", None, BASE + timedelta(minutes=9)))
+    schema = DataTypes.ROW([DataTypes.FIELD("k", DataTypes.STRING()), DataTypes.FIELD("v", DataTypes.STRING()),
+                            DataTypes.FIELD("ts", DataTypes.TIMESTAMP(3))])
+    env.create_temporary_view("events", env.from_elements(rows, schema))
+    return rows
+
+
+def query(env, sql: str) -> list[tuple]:
+    with env.execute_sql(sql).collect() as results:
+        return [tuple(row) for row in results]
+
+
+def python_sketch(values) -> bytes:
+    hll = sketch.HyperLogLog()
+    hll.add_many(values)
+    return hll.to_bytes()
+
+
+def test_murmur3_matches_mmh3_for_every_tail_length(env):
+    from pyflink.java_gateway import get_gateway
+
+    murmur3 = get_gateway().jvm.dev.featurectl.udf.Murmur3
+    rng = np.random.default_rng(3)
+    samples = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in range(41)]
+    samples += ["é日本語🙂".encode(), b"hello"]
+    for data in samples:
+        assert murmur3.hash64(data) & (2**64 - 1) == mmh3.hash64(data, seed=0, signed=False)[0], data
+
+
+def test_hll_sketch_bytes_equal_python(env, events):
+    got = dict(query(env, "SELECT k, HLL_SKETCH(v) FROM events GROUP BY k"))
+    by_group = defaultdict(list)
+    for k, v, _ in events:
+        by_group[k].append(v)
+    assert {k: bytes(s) for k, s in got.items()} == {k: python_sketch(vs) for k, vs in by_group.items()}
+    assert got["many"][2] == 1 and got["some"][2] == 0  # dense and sparse both covered
+
+
+def test_hll_merge_of_groups_equals_sketch_of_all(env, events):
+    [(merged,)] = query(env, "SELECT HLL_MERGE(s) FROM (SELECT k, HLL_SKETCH(v) AS s FROM events GROUP BY k)")
+    assert bytes(merged) == python_sketch(v for _, v, _ in events)
+    [(nothing,)] = query(env, "SELECT HLL_MERGE(s) FROM (VALUES (CAST(NULL AS BYTES))) AS t(s)")
+    assert bytes(nothing) == sketch.HyperLogLog().to_bytes()
+
+
+def test_hll_estimate_equals_python(env, events):
+    got = query(env, "SELECT HLL_SKETCH(v), HLL_ESTIMATE(HLL_SKETCH(v)) FROM events GROUP BY k")
+    for sketch_bytes, estimate in got:
+        assert estimate == sketch.estimate(bytes(sketch_bytes))
+    assert query(env, "SELECT HLL_ESTIMATE(CAST(NULL AS BYTES)), HLL_ESTIMATE(X'')") == [(0, 0)]
+
+
+def test_hll_estimate_rejects_foreign_bytes(env):
+    with pytest.raises(Exception, match="not a featurectl HLL sketch"):
+        query(env, "SELECT HLL_ESTIMATE(X'020e000000')")
+
+
+LAST_COLUMNS = (("k", "STRING"), ("s", "STRING"), ("n", "BIGINT"), ("x", "DOUBLE"), ("ms", "BIGINT"))
+LAST_ROWS = [  # the latest non-NULL time, 2000 ms, is a tie for every column
+    ("a", "apple", 5, 1.5, 1000),
+    ("a", "pear", 7, 2.5, 2000),
+    ("a", "fig", 3, 9.5, 2000),
+    ("a", None, None, None, 3000),
+    ("b", "kiwi", -1, -0.5, 1000),
+    ("c", "\uffff", 1, 1.0, 1000),  # code point order, as in Python: U+1F600 > U+FFFF (UTF-16 says the opposite)
+    ("c", "\U0001F600", 0, 0.0, 1000),
+]
+LAST_SQL = """
+SELECT k, LAST_BY(s, ts), LAST_BY(n, ts), LAST_BY(x, ts), LAST_BY(s, ltz), LAST_BY(CAST(n AS INT), ts),
+       LAST_BY(CAST(x AS FLOAT), ltz), LAST_BY(n > 4, ts)
+FROM (SELECT k, s, n, x, TO_TIMESTAMP_LTZ(ms, 3) AS ltz, CAST(TO_TIMESTAMP_LTZ(ms, 3) AS TIMESTAMP(3)) AS ts
+      FROM (VALUES {rows}) AS t(k, s, n, x, ms))
+GROUP BY k
+"""
+
+
+def values_sql(rows) -> str:
+    """Typed literals, so that a NULL in the first row does not leave a column untyped."""
+    def literal(value, sql_type: str) -> str:
+        text = "NULL" if value is None else f"'{value}'" if isinstance(value, str) else repr(value)
+        return f"CAST({text} AS {sql_type})"
+
+    return ", ".join(
+        "(" + ", ".join(literal(v, sql_type) for v, (_, sql_type) in zip(row, LAST_COLUMNS)) + ")" for row in rows)
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed"])
+def test_last_by_keeps_the_greatest_value_at_the_latest_time(env, order):
+    rows = LAST_ROWS if order == "forward" else LAST_ROWS[::-1]
+    got = sorted(query(env, LAST_SQL.format(rows=values_sql(rows))))
+    assert got == [("a", "pear", 7, 9.5, "pear", 7, 9.5, True), ("b", "kiwi", -1, -0.5, "kiwi", -1, -0.5, False),
+                   ("c", "\U0001F600", 1, 1.0, "\U0001F600", 1, 1.0, False)]
+
+
+def test_last_by_rejects_unsupported_types(env):
+    with pytest.raises(Exception, match="CAST other types first"):
+        query(env, "SELECT LAST_BY(CAST(1 AS DECIMAL(10, 2)), CURRENT_TIMESTAMP)")
+
+
+def tumble_oracle(events) -> dict:
+    """(k, window start) -> (sketch bytes, last value, estimate), computed in Python."""
+    values, last = defaultdict(list), {}
+    for k, v, ts in events:
+        key = (k, ts.replace(second=0))
+        values[key].append(v)
+        if v is not None:
+            last[key] = max(last.get(key, (ts, v)), (ts, v))
+    return {key: (python_sketch(vs), last.get(key, (None, None))[1], sketch.estimate(python_sketch(vs)))
+            for key, vs in values.items()}
+
+
+TUMBLE_SQL = """
+SELECT k, window_start, HLL_SKETCH(v), LAST_BY(v, ts), HLL_ESTIMATE(HLL_SKETCH(v))
+FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '1' MINUTE))
+GROUP BY k, window_start, window_end
+"""
+
+
+def test_tumble_window_tiles_in_batch_mode(env, events):
+    got = {(k, start): (bytes(s), last, estimate) for k, start, s, last, estimate in query(env, TUMBLE_SQL)}
+    assert got == tumble_oracle(events)
+
+
+def test_two_phase_aggregation_merges_accumulators(env, events):
+    """Forced local/global aggregation calls each function's `merge`; results must not change."""
+    conf = env.get_config()
+    conf.set("table.optimizer.agg-phase-strategy", "TWO_PHASE")
+    try:
+        assert "LocalSortAggregate" in env.explain_sql(TUMBLE_SQL)
+        got = {(k, start): (bytes(s), last, estimate) for k, start, s, last, estimate in query(env, TUMBLE_SQL)}
+        merged = query(env, "SELECT HLL_MERGE(s) FROM (SELECT HLL_SKETCH(v) AS s FROM events GROUP BY k)")
+    finally:
+        conf.set("table.optimizer.agg-phase-strategy", "AUTO")
+    assert got == tumble_oracle(events)
+    assert bytes(merged[0][0]) == python_sketch(v for _, v, _ in events)

@@ -1,0 +1,96 @@
+"""DSL -> Flink SQL: one query text for both modes, DDL per mode, partials per aggregation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float64, Int32, Int64, String, Timestamp, col
+from dsl.compile_flink import SourceSettings, compile_view
+
+SETTINGS = SourceSettings("127.0.0.1:19092", Path("/data"))
+EVENTS = EventSource("clicks", {"shop": String, "item": Int32, "user": String, "price": Float64, "qty": Int64,
+                                "ts": Timestamp}, timestamp_field="ts", kafka_topic="clicks-v1", path="clicks",
+                     watermark_delay="10s")
+ITEM = Entity("item", join_keys={"shop": String, "item": Int32})
+
+
+@pytest.fixture
+def compiled():
+    view = FeatureView("item_sales", ITEM, EVENTS, tile="5m", features=[
+        Aggregation("sum", "qty", windows=["1h", "24h"], filter=(col("price") > 1.5) & (col("user") != "bot")),
+        Aggregation("mean", "price", windows=["1h"]),
+        Aggregation("approx_distinct", "user", windows=["24h"], name="buyers"),
+        Aggregation("count", windows=["10m"]),
+        Attribute("price", name="last_price"),
+    ])
+    return compile_view(view, SETTINGS)
+
+
+def test_same_query_text_in_both_modes(compiled):
+    streaming, batch = compiled.statements("streaming"), compiled.statements("batch")
+    assert streaming[-1] == batch[-1] == compiled.tile_query
+    assert streaming[:-2] == batch[:-2] == list(compiled.function_ddl)
+
+
+def test_streaming_ddl_reads_kafka_json_with_watermark(compiled):
+    ddl = compiled.streaming_source_ddl
+    assert ddl.startswith("CREATE TEMPORARY TABLE `clicks` (")
+    assert "'connector' = 'kafka'" in ddl and "'topic' = 'clicks-v1'" in ddl and "'format' = 'json'" in ddl
+    assert "'properties.bootstrap.servers' = '127.0.0.1:19092'" in ddl
+    assert "`__rowtime` AS TO_TIMESTAMP_LTZ(`ts`, 3)" in ddl
+    assert "WATERMARK FOR `__rowtime` AS `__rowtime` - INTERVAL '10' SECOND" in ddl
+    assert "`item` INT" in ddl and "`ts` BIGINT" in ddl
+
+
+def test_batch_ddl_reads_parquet_with_the_same_columns(compiled):
+    ddl = compiled.batch_source_ddl
+    assert "'connector' = 'filesystem'" in ddl and "'path' = 'file:///data/clicks'" in ddl
+    assert "'format' = 'parquet'" in ddl
+    columns = lambda text: text.split(") WITH")[0]  # noqa: E731
+    assert columns(ddl) == columns(compiled.streaming_source_ddl)
+
+
+def test_tile_query_groups_by_all_join_keys_and_tile(compiled):
+    query = compiled.tile_query
+    assert "TUMBLE(TABLE `clicks`, DESCRIPTOR(`__rowtime`), INTERVAL '5' MINUTE)" in query
+    assert query.rstrip().endswith("GROUP BY `shop`, `item`, window_start, window_end")
+
+
+def test_partials_per_op(compiled):
+    names = [c.name for c in compiled.tile_columns]
+    assert names == ["qty_sum__sum", "price_mean__sum", "price_mean__count", "buyers__hll", "count__count",
+                     "last_price__last"]
+    query = compiled.tile_query
+    assert ("SUM(CASE WHEN (`price` > 1.5 AND `user` <> 'bot') THEN CAST(`qty` AS BIGINT) END) "
+            "AS `qty_sum__sum`") in query
+    assert "SUM(CAST(`price` AS DOUBLE)) AS `price_mean__sum`" in query
+    assert "COUNT(CAST(`price` AS DOUBLE)) AS `price_mean__count`" in query
+    assert "HLL_SKETCH(`user`) AS `buyers__hll`" in query
+    assert "COUNT(1) AS `count__count`" in query
+    assert "LAST_BY(`price`, `__rowtime`) AS `last_price__last`" in query
+    types = {c.name: c.sql_type for c in compiled.tile_columns}
+    assert types["qty_sum__sum"] == "BIGINT" and types["buyers__hll"] == "BYTES"
+    assert types["last_price__last"] == "DOUBLE"
+
+
+def test_string_literals_are_escaped():
+    view = FeatureView("v", ITEM, EVENTS, features=[
+        Aggregation("count", windows=["1h"], filter=col("user") == "o'brien", name="obrien")])
+    assert "`user` = 'o''brien'" in compile_view(view, SETTINGS).tile_query
+
+
+def test_unknown_mode_is_rejected(compiled):
+    with pytest.raises(ValueError, match="mode must be `streaming` or `batch`"):
+        compiled.statements("micro-batch")
+
+
+@pytest.mark.parametrize("text, sql", [("5s", "INTERVAL '5' SECOND"), ("90s", "INTERVAL '90' SECOND"),
+                                       ("300s", "INTERVAL '5' MINUTE"), ("1h", "INTERVAL '1' HOUR"),
+                                       ("24h", "INTERVAL '1' DAY"), ("7d", "INTERVAL '7' DAY"),
+                                       ("100m", "INTERVAL '100' MINUTE(3)"), ("101s", "INTERVAL '101' SECOND(3)")])
+def test_intervals_fit_flink_precision(text, sql):
+    from dsl.duration import parse_duration, sql_interval
+
+    assert sql_interval(parse_duration(text, "test")) == sql

@@ -1,9 +1,14 @@
 """DSL -> Flink SQL: source DDL for each mode and ONE tile query that serves both.
 
-The tile query groups events per entity per tumbling tile (the view's `tile`) and emits the partial aggregates
-of `dsl.aggregates`; window values are combinations of tiles, made by the runtimes. The query reads the table
-named after the source, which is a Kafka table in streaming mode and a Parquet folder in batch mode, both with
-the same columns, the same event-time attribute and the same watermark: so the text of the query is identical.
+The tile query groups events per entity per tile (the view's `tile`, aligned to the epoch: `tile_start` is
+`event_time - MOD(event_time, tile_ms)`) and emits the partial aggregates of `dsl.aggregates`; window values are
+combinations of tiles, made by the runtimes. It is a plain GROUP BY rather than a window function, so in
+streaming mode it updates a tile continuously (with mini-batches) instead of once the tile closes: that is what
+keeps online values fresh within seconds, while batch mode computes the same rows at once.
+
+The query reads the relation named after the source. In batch mode that is the Parquet folder. In streaming
+mode it is a view over the Kafka table that drops events later than the source's allowed lateness behind the
+watermark (the only place where the two modes differ, because `CURRENT_WATERMARK` exists only in streaming).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dsl.features import Aggregation, Attribute
 from dsl.source import ROWTIME, EventSource
 
 TILE_START = "tile_start"
-TILE_END = "tile_end"
+KAFKA_SUFFIX = "__kafka"
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class CompiledView:
     source: str
     key_columns: tuple[str, ...]
     tile_columns: tuple[TileColumn, ...]
-    streaming_source_ddl: str
+    streaming_source_ddl: tuple[str, ...]
     batch_source_ddl: str
     function_ddl: tuple[str, ...]
     tile_query: str
@@ -58,8 +63,8 @@ class CompiledView:
         """DDL then the query, for `streaming` or `batch`."""
         if mode not in ("streaming", "batch"):
             raise ValueError(f"mode must be `streaming` or `batch`, got `{mode}`")
-        ddl = self.streaming_source_ddl if mode == "streaming" else self.batch_source_ddl
-        return [*self.function_ddl, ddl, self.tile_query]
+        ddl = list(self.streaming_source_ddl) if mode == "streaming" else [self.batch_source_ddl]
+        return [*self.function_ddl, *ddl, self.tile_query]
 
 
 def _columns_ddl(source: EventSource) -> str:
@@ -76,7 +81,15 @@ def _with(options: dict[str, str]) -> str:
     return f"WITH (\n{body}\n)"
 
 
-def streaming_source_ddl(source: EventSource, settings: SourceSettings, job: str) -> str:
+def on_time_filter(source: EventSource) -> str:
+    """Events no later than the allowed lateness behind the watermark (all of them before the first watermark)."""
+    rowtime = quote_ident(ROWTIME)
+    return (f"CURRENT_WATERMARK({rowtime}) IS NULL OR "
+            f"{rowtime} >= CURRENT_WATERMARK({rowtime}) - {sql_interval(source.allowed_lateness)}")
+
+
+def streaming_source_ddl(source: EventSource, settings: SourceSettings, job: str) -> tuple[str, str]:
+    """The Kafka table (`{source}__kafka`) and the view of its on-time events that the tile query reads."""
     options = {
         "connector": "kafka",
         "topic": source.kafka_topic or source.name,
@@ -88,7 +101,11 @@ def streaming_source_ddl(source: EventSource, settings: SourceSettings, job: str
         "json.fail-on-missing-field": "false",
         "json.ignore-parse-errors": "true",
     }
-    return f"CREATE TEMPORARY TABLE {quote_ident(source.name)} (\n{_columns_ddl(source)}\n) {_with(options)}"
+    kafka = quote_ident(source.name + KAFKA_SUFFIX)
+    table = f"CREATE TEMPORARY TABLE {kafka} (\n{_columns_ddl(source)}\n) {_with(options)}"
+    view = (f"CREATE TEMPORARY VIEW {quote_ident(source.name)} AS\nSELECT * FROM {kafka}\n"
+            f"WHERE {on_time_filter(source)}")
+    return table, view
 
 
 def source_path(source: EventSource, data_dir: Path) -> Path:
@@ -141,15 +158,22 @@ def _partial_type(partial: Partial, op: str, kind) -> str:
     return kind.flink_sql
 
 
+def tile_start_sql(view: FeatureView) -> str:
+    ts = quote_ident(view.source.timestamp_field)
+    return f"{ts} - MOD({ts}, {tile_ms(view)})"
+
+
+def tile_ms(view: FeatureView) -> int:
+    return int(view.tile.total_seconds() * 1000)
+
+
 def tile_query(view: FeatureView, columns: list[tuple[TileColumn, str]]) -> str:
     keys = [quote_ident(k) for k in view.entity.join_keys]
-    select = [*keys, f"window_start AS {TILE_START}", f"window_end AS {TILE_END}"]
+    select = [*keys, f"{tile_start_sql(view)} AS {TILE_START}"]
     select += [f"{sql} AS {quote_ident(column.name)}" for column, sql in columns]
     body = ",\n  ".join(select)
-    tvf = (f"TUMBLE(TABLE {quote_ident(view.source.name)}, DESCRIPTOR({quote_ident(ROWTIME)}), "
-           f"{sql_interval(view.tile)})")
-    return (f"SELECT\n  {body}\nFROM TABLE({tvf})\n"
-            f"GROUP BY {', '.join(keys)}, window_start, window_end")
+    return (f"SELECT\n  {body}\nFROM {quote_ident(view.source.name)}\n"
+            f"GROUP BY {', '.join(keys)}, {tile_start_sql(view)}")
 
 
 def compile_view(view: FeatureView, settings: SourceSettings) -> CompiledView:

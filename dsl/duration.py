@@ -9,14 +9,14 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PATTERN = re.compile(r"^(\d+)([smhd])$")
 
 
-def parse_duration(text: str | timedelta, what: str) -> timedelta:
+def parse_duration(text: str | timedelta, what: str, allow_zero: bool = False) -> timedelta:
     """`what` names the field for the error message, e.g. "feature view `asset_activity` window"."""
     from dsl.errors import WindowError
 
     if isinstance(text, timedelta):
         return text
     match = _PATTERN.match(str(text).strip()) if isinstance(text, str) else None
-    if not match or int(match.group(1)) == 0:
+    if not match or (int(match.group(1)) == 0 and not allow_zero):
         raise WindowError(what, f"`{text}` is not a duration", "write a positive whole number and a unit "
                           "s, m, h or d, e.g. `10m`, `1h`, `24h`, `7d`")
     return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
@@ -38,7 +38,7 @@ def sql_interval(delta: timedelta) -> str:
     """A Flink SQL interval in the largest whole unit, e.g. `INTERVAL '5' MINUTE` (precision given when > 2
     digits, since Flink's default leading precision is 2)."""
     seconds = int(delta.total_seconds())
-    unit, size = next((u, n) for u, n in _SQL_UNITS if seconds % n == 0)
+    unit, size = next((u, n) for u, n in _SQL_UNITS if seconds % n == 0) if seconds else ("SECOND", 1)
     value = seconds // size
     precision = f"({len(str(value))})" if value >= 100 else ""
     return f"INTERVAL '{value}' {unit}{precision}"

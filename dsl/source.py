@@ -12,16 +12,17 @@ from dsl.types import ValueType
 
 # Names the compiled SQL adds to every source table; a user column may not take them.
 ROWTIME = "__rowtime"
-RESERVED_COLUMNS = frozenset({ROWTIME, "window_start", "window_end", "window_time", "tile_start", "tile_end"})
+RESERVED_COLUMNS = frozenset({ROWTIME, "tile_start", "event_timestamp"})
 
 
 @dataclass(frozen=True)
 class EventSource:
     """Events with an event-time field (epoch milliseconds in both Kafka JSON and Parquet).
 
-    `watermark_delay` is how late an event may arrive and still count (the bounded out-of-orderness of the
-    Flink watermark). `kafka_topic` feeds streaming jobs; `path` (a Parquet folder, relative to the repo's
-    data folder unless absolute) feeds backfills.
+    `watermark_delay` is the bounded out-of-orderness of the Flink watermark (the watermark trails the greatest
+    event time seen by this much); `allowed_lateness` is how far behind the watermark an event may still arrive
+    and count: later events go to the dead-letter topic instead. `kafka_topic` feeds streaming jobs; `path`
+    (a Parquet folder, relative to the repo's data folder unless absolute) feeds backfills.
     """
 
     name: str
@@ -30,6 +31,7 @@ class EventSource:
     kafka_topic: Optional[str] = None
     path: Optional[str] = None
     watermark_delay: str | timedelta = "5s"
+    allowed_lateness: str | timedelta = "30s"
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -58,3 +60,5 @@ class EventSource:
             raise DefinitionError(where, "has neither kafka_topic nor path", "give a topic, a Parquet path, or both")
         object.__setattr__(self, "schema", dict(self.schema))
         object.__setattr__(self, "watermark_delay", parse_duration(self.watermark_delay, f"{where} watermark_delay"))
+        object.__setattr__(self, "allowed_lateness", parse_duration(self.allowed_lateness,
+                                                                     f"{where} allowed_lateness", allow_zero=True))

@@ -62,7 +62,8 @@ def _print_sql(compiled: list[CompiledView]) -> None:
     for view in compiled:
         for mode in ("streaming", "batch"):
             click.secho(f"\n-- feature view {view.view}: {mode} source", fg="cyan")
-            click.echo((view.streaming_source_ddl if mode == "streaming" else view.batch_source_ddl) + ";")
+            ddl = view.streaming_source_ddl if mode == "streaming" else (view.batch_source_ddl,)
+            click.echo(";\n".join(ddl) + ";")
         click.secho(f"\n-- feature view {view.view}: tile query (the same text in both modes)", fg="cyan")
         click.echo(view.tile_query + ";")
 

@@ -19,7 +19,7 @@ def compiled_for(view: FeatureView, data_dir: Path) -> CompiledView:
 
 def _partial(kind: str, values: list[Any], times: list[int]) -> Any:
     if not values:
-        return 0 if kind == "count" else None
+        return _empty(kind)
     if kind == "count":
         return len(values)
     if kind == "sum":
@@ -34,6 +34,13 @@ def _partial(kind: str, values: list[Any], times: list[int]) -> Any:
     hll = sketch.HyperLogLog()
     hll.add_many(str(v) for v in values)
     return hll.to_bytes()
+
+
+def _empty(kind: str) -> Any:
+    """A tile partial over no input rows, as Flink returns it: 0 counts, the empty sketch, else NULL."""
+    if kind == "count":
+        return 0
+    return sketch.HyperLogLog().to_bytes() if kind == "hll" else None
 
 
 def _sources_of(view: FeatureView) -> dict[str, tuple[Any, Any]]:

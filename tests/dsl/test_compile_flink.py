@@ -31,12 +31,12 @@ def compiled():
 def test_same_query_text_in_both_modes(compiled):
     streaming, batch = compiled.statements("streaming"), compiled.statements("batch")
     assert streaming[-1] == batch[-1] == compiled.tile_query
-    assert streaming[:-2] == batch[:-2] == list(compiled.function_ddl)
+    assert streaming[:-3] == batch[:-2] == list(compiled.function_ddl)
 
 
 def test_streaming_ddl_reads_kafka_json_with_watermark(compiled):
-    ddl = compiled.streaming_source_ddl
-    assert ddl.startswith("CREATE TEMPORARY TABLE `clicks` (")
+    ddl, view = compiled.streaming_source_ddl
+    assert ddl.startswith("CREATE TEMPORARY TABLE `clicks__kafka` (")
     assert "'connector' = 'kafka'" in ddl and "'topic' = 'clicks-v1'" in ddl and "'format' = 'json'" in ddl
     assert "'properties.bootstrap.servers' = '127.0.0.1:19092'" in ddl
     assert "`__rowtime` AS TO_TIMESTAMP_LTZ(`ts`, 3)" in ddl
@@ -44,18 +44,26 @@ def test_streaming_ddl_reads_kafka_json_with_watermark(compiled):
     assert "`item` INT" in ddl and "`ts` BIGINT" in ddl
 
 
+def test_streaming_view_drops_events_later_than_the_allowed_lateness(compiled):
+    _, view = compiled.streaming_source_ddl
+    assert view == ("CREATE TEMPORARY VIEW `clicks` AS\nSELECT * FROM `clicks__kafka`\n"
+                    "WHERE CURRENT_WATERMARK(`__rowtime`) IS NULL OR "
+                    "`__rowtime` >= CURRENT_WATERMARK(`__rowtime`) - INTERVAL '30' SECOND")
+
+
 def test_batch_ddl_reads_parquet_with_the_same_columns(compiled):
     ddl = compiled.batch_source_ddl
     assert "'connector' = 'filesystem'" in ddl and "'path' = 'file:///data/clicks'" in ddl
     assert "'format' = 'parquet'" in ddl
-    columns = lambda text: text.split(") WITH")[0]  # noqa: E731
-    assert columns(ddl) == columns(compiled.streaming_source_ddl)
+    columns = lambda text: text.split(") WITH")[0].split("(", 1)[1]  # noqa: E731
+    assert columns(ddl) == columns(compiled.streaming_source_ddl[0])
 
 
-def test_tile_query_groups_by_all_join_keys_and_tile(compiled):
+def test_tile_query_groups_by_all_join_keys_and_epoch_aligned_tile(compiled):
     query = compiled.tile_query
-    assert "TUMBLE(TABLE `clicks`, DESCRIPTOR(`__rowtime`), INTERVAL '5' MINUTE)" in query
-    assert query.rstrip().endswith("GROUP BY `shop`, `item`, window_start, window_end")
+    assert "`ts` - MOD(`ts`, 300000) AS tile_start" in query
+    assert "FROM `clicks`\n" in query
+    assert query.rstrip().endswith("GROUP BY `shop`, `item`, `ts` - MOD(`ts`, 300000)")
 
 
 def test_partials_per_op(compiled):

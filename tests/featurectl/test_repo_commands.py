@@ -23,7 +23,8 @@ def test_plan_prints_objects_and_sql_and_touches_nothing(tmp_path):
     assert "Created feature view asset_activity" in out and "Created feature service cube3d_conditioning" in out
     assert "-- feature view asset_activity: streaming source" in out and "'connector' = 'kafka'" in out
     assert "-- feature view asset_activity: batch source" in out and "'connector' = 'filesystem'" in out
-    assert out.count("TUMBLE(TABLE `asset_interactions`") == 2  # asset_activity and user_activity
+    assert out.count("FROM `asset_interactions`\nGROUP BY") == 2  # asset_activity and user_activity
+    assert "CREATE TEMPORARY VIEW `asset_interactions` AS" in out
     assert not registry.exists()
 
 

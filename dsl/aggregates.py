@@ -5,6 +5,13 @@ per entity; a window value is the combination of the tiles it covers. Every runt
 batch window builder, the streaming writer, the test oracle) reads these definitions, so they cannot drift.
 
 Empty windows: `count`, `sum` and `approx_distinct` are 0; `mean`, `min`, `max` and `last` are NULL.
+
+Window semantics (the contract between batch, streaming, serving and the test oracles): tiles are
+epoch-aligned, `[s, s + tile)`. The value of a window of length W *at boundary b* (a multiple of the tile)
+covers the events with `b - W <= event_time < b`, i.e. the tiles starting in `[b - W, b - tile]`. Offline rows,
+training sets and materialized values are taken at boundaries (a training row at time t uses
+`b = floor(t / tile) * tile`, so nothing from the future leaks in). Online, the streaming job also counts the
+current, still open tile; once that tile closes, the served value equals the boundary value.
 """
 
 from __future__ import annotations
@@ -84,6 +91,11 @@ _MERGERS: dict[str, Callable[[list[Any]], Any]] = {
     "last": lambda values: values[-1] if values else None,
     "hll": lambda values: sketch.merge_sketches(values) if values else None,
 }
+
+
+def window_tile_starts(boundary_ms: int, window_ms: int, tile_ms: int) -> tuple[int, int]:
+    """First and last tile start (inclusive) of the window of `window_ms` ending at `boundary_ms`."""
+    return boundary_ms - window_ms, boundary_ms - tile_ms
 
 
 def merge_tiles(partial: Partial, tile_values: Iterable[Any]) -> Any:

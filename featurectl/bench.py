@@ -25,3 +25,6 @@ class BenchGroup(click.Group):
 @click.group(cls=BenchGroup)
 def bench() -> None:
     """Benchmarks: ours and the peer's path side by side; the last line printed is one JSON object."""
+
+
+COMMANDS = [bench]

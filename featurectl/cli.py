@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import warnings
@@ -54,15 +55,14 @@ def _show_warning_unless_deprecation(message, category, filename, lineno, file=N
         _show_warning(message, category, filename, lineno, file, line)
 
 
-def _register_commands() -> None:
-    from featurectl import services, repo_commands, datagen, demo, bench
+# Each module defines `COMMANDS`, the click commands or groups it adds to `featurectl`.
+COMMAND_MODULES = ("services", "repo_commands", "datagen", "demo", "bench")
 
-    cli.add_command(services.services)
-    for command in (repo_commands.plan, repo_commands.apply, repo_commands.teardown):
-        cli.add_command(command)
-    cli.add_command(datagen.datagen)
-    cli.add_command(demo.demo)
-    cli.add_command(bench.bench)
+
+def _register_commands() -> None:
+    for name in COMMAND_MODULES:
+        for command in importlib.import_module(f"featurectl.{name}").COMMANDS:
+            cli.add_command(command)
 
 
 def main() -> None:

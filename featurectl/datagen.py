@@ -59,3 +59,6 @@ def live(ctx, rate: float, seconds: float, topic: str, assets: int, users: int, 
         sent = produce_live(_spec(seed, assets, users), cfg.platform.kafka.bootstrap_servers, topic, rate,
                             seconds, on_chunk=bar.update)
     click.echo(f"produced {sent:,} events to {topic} in {seconds:g}s")
+
+
+COMMANDS = [datagen]

@@ -48,3 +48,6 @@ def _show_tiles(cfg) -> None:
     for row in top.itertuples():
         click.echo(f"  {row.asset_id}  {int(row.view_count):>7,} views  ~{int(row.user_estimate):>6,} unique users  "
                    f"{int(row.tile_count):>5,} active minutes")
+
+
+COMMANDS = [demo]

@@ -122,3 +122,6 @@ def teardown(ctx, yes: bool) -> None:
                                    "run `featurectl services up` and retry") from exc
     store.registry.delete_project(cfg.project, commit=True)
     click.echo(f"removed {len(everything)} objects of project `{cfg.project}`")
+
+
+COMMANDS = [plan, apply, teardown]

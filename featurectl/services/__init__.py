@@ -70,3 +70,6 @@ def status(obj) -> None:
     """One line per service: name, up/down, pid, address."""
     for svc in all_services(obj.config()):
         click.echo(svc.status())
+
+
+COMMANDS = [services]

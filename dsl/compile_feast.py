@@ -1,7 +1,9 @@
 """DSL -> Feast objects (Entity, FeatureView with its output schema and sources, FeatureService).
 
 Each view's Feast source is a PushSource over the view's offline feature table (Parquet written by the
-backfill), so Feast's own `push` and `get_historical_features` work on our views unchanged. A DSL entity with
+backfill), so Feast's own `push` and `get_historical_features` work on our views unchanged. Feast's `offline`
+flag means "also write materialized and pushed rows back to the offline store"; our offline table is owned by
+the backfill, so that flag stays off and the DSL's `offline` is kept as the tag `featurectl.offline`. A DSL entity with
 several join keys becomes one Feast entity per key (`{entity}__{key}`): Feast entities carry one join key each.
 """
 
@@ -56,9 +58,10 @@ def _feast_view(view: FeatureView, data_dir: Path):
     push = PushSource(name=f"{view.name}_push", batch_source=batch)
     schema = [Field(name=k, dtype=t.feast_type()) for k, t in view.entity.join_keys.items()]
     schema += [Field(name=name, dtype=kind.feast_type()) for name, kind in view.output_schema().items()]
-    tags = {**view.tags, "featurectl.source": view.source.name, "featurectl.tile": str(view.tile)}
+    tags = {**view.tags, "featurectl.source": view.source.name, "featurectl.tile": str(view.tile),
+            "featurectl.offline": str(view.offline).lower()}
     fv = FeastFeatureView(name=view.name, entities=feast_entities(view.entity), ttl=view.ttl, schema=schema,
-                          source=push, online=view.online, offline=view.offline, description=view.description,
+                          source=push, online=view.online, offline=False, description=view.description,
                           owner=view.owner, tags=tags)
     return fv, [batch, push]
 

@@ -1,0 +1,75 @@
+"""`featurectl materialize START END` and `featurectl materialize-incremental END`, with Feast's semantics."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+from tqdm import tqdm
+
+
+def parse_instant(text: str) -> dt.datetime:
+    """ISO date or date-time; naive values are UTC."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"`{text}` is not an ISO date or time, e.g. 2026-11-28 or 2026-11-28T12:00") from exc
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def _redis_client(cfg):
+    import redis
+
+    if (cfg.raw.get("online_store") or {}).get("redis_type") == "redis_cluster":
+        raise click.ClickException("materialization writes blocks of keys through one Lua script and needs a "
+                                   "single Redis node; point online_store.connection_string at one")
+    host, port = cfg.redis_host_port
+    return redis.Redis(host=host, port=port, socket_timeout=30)
+
+
+def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None) -> None:
+    from batch.materialize import MaterializeError, materialize_view
+    from dsl import load_repo
+    from dsl.compile_feast import offline_table_path
+    from feast import FeatureStore
+
+    cfg = ctx.config()
+    repo = load_repo(cfg.repo_path)
+    store = FeatureStore(config=cfg.feast_repo_config())
+    client = _redis_client(cfg)
+    chosen = [repo.view(name) for name in views] if views else [v for v in repo.views if v.online]
+    for view in chosen:
+        feast_view = store.get_feature_view(view.name)
+        since = start or feast_view.most_recent_end_time or (end - view.ttl)
+        path = offline_table_path(cfg.data_dir, view)
+        with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
+            try:
+                stats = materialize_view(client, view, cfg.project, path, since, end, on_rows=bar.update)
+            except MaterializeError as exc:
+                raise click.ClickException(str(exc)) from exc
+        store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
+        click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
+                   f"{stats.entities_written:,} entity writes, {stats.seconds:.1f}s "
+                   f"({stats.rows_per_s:,.0f} rows/s)")
+
+
+@click.command()
+@click.argument("start")
+@click.argument("end")
+@click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
+@click.pass_obj
+def materialize(ctx, start: str, end: str, views: tuple[str, ...]) -> None:
+    """Load the latest offline values in [START, END] into Redis and record the interval."""
+    _run(ctx, views, parse_instant(end), parse_instant(start))
+
+
+@click.command("materialize-incremental")
+@click.argument("end")
+@click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
+@click.pass_obj
+def materialize_incremental(ctx, end: str, views: tuple[str, ...]) -> None:
+    """Materialize from each view's last recorded end (or END - ttl) up to END."""
+    _run(ctx, views, parse_instant(end), None)
+
+
+COMMANDS = [materialize, materialize_incremental]

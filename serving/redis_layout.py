@@ -91,9 +91,6 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-_SMALL_INT64 = [b"\x20" + _varint(i) for i in range(1 << 14)]
-
-
 def encode_value(value: Any, kind: ValueType) -> bytes:
     """One value as a serialized feast.types.Value; None (or NaN for floats) is NULL."""
     if value is None or (isinstance(value, float) and value != value):
@@ -123,11 +120,13 @@ def encode_column(values: Any, kind: ValueType, mask: Optional[np.ndarray] = Non
         size = width + 1
         out = [buf[i:i + size] for i in range(0, len(buf), size)]
         nulls = np.isnan(values) if mask is None else (mask | np.isnan(values))
-    elif kind is ValueType.INT64:
-        ints = values.tolist() if isinstance(values, np.ndarray) else list(values)
-        small = _SMALL_INT64
-        out = [small[v] if v is not None and 0 <= v < 16384 else encode_value(v, kind) for v in ints]
+    elif kind in (ValueType.INT64, ValueType.INT32, ValueType.TIMESTAMP) and isinstance(values, np.ndarray):
+        out = _varint_column(_TAG[kind], values.astype(np.int64))
         nulls = mask
+    elif kind is ValueType.STRING:
+        raw = [v.encode() if isinstance(v, str) else b"" for v in values]
+        out = [b"\x12" + _SHORT_LENGTH[len(r)] + r if len(r) < 128 else encode_value(r, kind) for r in raw]
+        nulls = np.array([v is None for v in values]) if mask is None else mask
     else:
         items = values.tolist() if isinstance(values, np.ndarray) else values
         out = [encode_value(v, kind) for v in items]
@@ -136,6 +135,28 @@ def encode_column(values: Any, kind: ValueType, mask: Optional[np.ndarray] = Non
         for i in np.flatnonzero(nulls):
             out[i] = NULL
     return out
+
+
+def _varint_column(tag: int, values: np.ndarray) -> list[bytes]:
+    """Tag + varint of every value, built by numpy in a fixed 11-byte stride and cut to length."""
+    unsigned = values.view(np.uint64)
+    stride = 11
+    packed = np.zeros((len(values), stride), dtype=np.uint8)
+    packed[:, 0] = tag
+    lengths = np.ones(len(values), dtype=np.int64)
+    rest = unsigned.copy()
+    for i in range(10):
+        byte = (rest & np.uint64(0x7F)).astype(np.uint8)
+        rest >>= np.uint64(7)
+        more = rest > 0
+        packed[:, 1 + i] = byte | (more.astype(np.uint8) << 7)
+        lengths += more
+    buf = packed.tobytes()
+    ends = (np.arange(len(values)) * stride + 1 + lengths).tolist()
+    return [buf[end - 1 - n:end] for end, n in zip(ends, lengths.tolist())]
+
+
+_SHORT_LENGTH = [bytes((n,)) for n in range(128)]
 
 
 def encode_timestamp(epoch_ms: int) -> bytes:

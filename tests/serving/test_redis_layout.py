@@ -57,6 +57,9 @@ def test_encode_column_matches_scalar_encoding():
     mask = np.array([False, True, False, False])
     assert layout.encode_column(ints, ValueType.INT64, mask) == [
         _proto_bytes(0, ValueType.INT64), b"", _proto_bytes(70000, ValueType.INT64), _proto_bytes(-3, ValueType.INT64)]
+    for kind in (ValueType.INT64, ValueType.INT32, ValueType.TIMESTAMP):
+        values = np.array(SAMPLES[kind], dtype=np.int64)
+        assert layout.encode_column(values, kind) == [_proto_bytes(v, kind) for v in SAMPLES[kind]], kind
     assert layout.encode_column(["a", "bé"], ValueType.STRING) == [_proto_bytes("a", ValueType.STRING),
                                                                  _proto_bytes("bé", ValueType.STRING)]
 

@@ -1,0 +1,381 @@
+"""Triton kernels for the decode step: skinny GEMMs (M <= 16 rows) with fused epilogues, split-K decode attention
+over the filled part of the cache, q/k RMSNorm + RoPE + cache write, residual add + LayerNorm.
+
+Each kernel reads the shape position from a device tensor, so a CUDA graph replays the same launches for every
+token. `inference.ops.TorchOps` computes the same functions in PyTorch (tests compare the two, on the CPU through
+Triton's interpreter, `TRITON_INTERPRET=1`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from inference.model import LayerWeights
+
+SM_COUNT_FALLBACK = 132   # an H100/H200; used when the device cannot be asked (the interpreter)
+
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, p_ptr, b_ptr, h_ptr, M, D, S, eps, ADD: tl.constexpr, S_PAD: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    # one program per row: [x += sum_s parts[s] + b, in place]; h = LayerNorm(x) (no affine), float32 inside
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+    if ADD:
+        sp = tl.arange(0, S_PAD)                    # all splits in one load, summed in a fixed order
+        parts = tl.load(p_ptr + (sp[:, None] * M + row) * D + offs[None, :], mask=(sp[:, None] < S) & m[None, :],
+                        other=0.0).to(tl.float32)
+        y = tl.sum(parts, axis=0) + tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        xs = (x + y).to(x_ptr.dtype.element_ty)
+        tl.store(x_ptr + row * D + offs, xs, mask=m)
+        x = xs.to(tl.float32)
+    mean = tl.sum(x, axis=0) / D
+    xc = tl.where(m, x - mean, 0.0)
+    var = tl.sum(xc * xc, axis=0) / D
+    tl.store(h_ptr + row * D + offs, (xc / tl.sqrt(var + eps)).to(h_ptr.dtype.element_ty), mask=m)
+
+
+PLAIN, SWIGLU, PARTIAL = 0, 2, 3
+
+
+@triton.jit
+def _merge_splits(p_ptr, rows, mrow, head, H, NS, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # [BLOCK_M, HEAD_DIM]: sum_s exp2(m_s - max) acc_s / sum_s exp2(m_s - max) l_s for each row's `head`
+    base = p_ptr + (rows * H + head) * NS * (HEAD_DIM + 2)
+    d = tl.arange(0, HEAD_DIM)
+    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for sp in range(NS):
+        mx = tl.maximum(mx, tl.load(base + sp * (HEAD_DIM + 2) + HEAD_DIM, mask=mrow, other=0.0))
+    num = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    for sp in range(NS):
+        cell = base + sp * (HEAD_DIM + 2)
+        wgt = tl.exp2(tl.load(cell + HEAD_DIM, mask=mrow, other=0.0) - mx)    # empty splits: exp2(-inf) = 0
+        num += wgt[:, None] * tl.load(cell[:, None] + d[None, :], mask=mrow[:, None], other=0.0)
+        den += wgt * tl.load(cell + HEAD_DIM + 1, mask=mrow, other=0.0)
+    return num / tl.where(den > 0, den, 1.0)[:, None]
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+                 ATTN_X: tl.constexpr):
+    # skinny GEMM for decode (M <= 16 rows): y[M, BLOCK_N] = x[M, K] @ W[cols, K]^T, one column block per
+    # program, the whole K in the program (N % BLOCK_N == 0, K % BLOCK_K == 0). Epilogues:
+    #   PLAIN:    out[M, N] = y
+    #   SWIGLU:   W = [gate; up] (2N rows), out[M, N] = silu(y_gate + b_gate) * (y_up + b_up)
+    #   PARTIAL:  split-K, program (n, s) sums K range s*K_SPLIT.. and writes float32 out[s, M, N]; the next kernel
+    #             (qk-norm/RoPE, residual + LayerNorm) adds the splits up, in a fixed order (deterministic)
+    # ATTN_X: x is split-K attention's partials [M*H, NS, BLOCK_K + 2] (acc, max, sum; BLOCK_K == head dim), and
+    # each K block (one head) of x is the merge of its NS splits: the attention's combine step, done on load.
+    pid = tl.program_id(0)
+    ksp = tl.program_id(1)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    mrow = rows < M
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(ksp * K_SPLIT, (ksp + 1) * K_SPLIT, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + cols[:, None] * K + ks[None, :])
+        if ATTN_X:
+            x = _merge_splits(x_ptr, rows, mrow, k0 // BLOCK_K, H, NS, BLOCK_M, BLOCK_K).to(w.dtype)
+        else:
+            x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=mrow[:, None], other=0.0)
+        if IEEE:                                    # float32 weights: no TF32 rounding
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        if EPILOGUE == 2:
+            w2 = tl.load(w_ptr + (cols[:, None] + N) * K + ks[None, :])
+            if IEEE:
+                acc2 = tl.dot(x, tl.trans(w2), acc2, input_precision="ieee")
+            else:
+                acc2 = tl.dot(x, tl.trans(w2), acc2)
+    dst = out_ptr + (ksp * M + rows[:, None]) * N + cols[None, :]
+    if EPILOGUE == 0 or EPILOGUE == 3:
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mrow[:, None])
+    else:
+        g = acc + tl.load(b_ptr + cols).to(tl.float32)[None, :]
+        u = acc2 + tl.load(b_ptr + N + cols).to(tl.float32)[None, :]
+        tl.store(dst, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=mrow[:, None])
+
+
+@triton.jit
+def _qk_rope_cache_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
+                          offset, M, S, D, s_row, s_head, s_pos, eps, HALF: tl.constexpr, S_PAD: tl.constexpr):
+    # one program per (row, head): sum of the S split-K parts of [q k v] + bias, RMSNorm of q and k, RoPE on
+    # adjacent pairs, k and v into the cache
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    i = tl.arange(0, HALF)
+    ev, od = 2 * i, 2 * i + 1
+    pos = tl.load(pos_ptr)
+    bb = b_ptr + head * 2 * HALF
+    sp = tl.arange(0, S_PAD)
+    base = qkv_ptr + (sp[:, None] * M + row) * 3 * D + head * 2 * HALF      # [S_PAD, 1]: every split at once
+    ms = sp[:, None] < S
+    qe = tl.sum(tl.load(base + ev[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
+    qo = tl.sum(tl.load(base + od[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
+    ke = tl.sum(tl.load(base + D + ev[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
+    ko = tl.sum(tl.load(base + D + od[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
+    ve = tl.sum(tl.load(base + 2 * D + ev[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
+    vo = tl.sum(tl.load(base + 2 * D + od[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
+    qe += tl.load(bb + ev).to(tl.float32)
+    qo += tl.load(bb + od).to(tl.float32)
+    ke += tl.load(bb + D + ev).to(tl.float32)
+    ko += tl.load(bb + D + od).to(tl.float32)
+    ve += tl.load(bb + 2 * D + ev).to(tl.float32)
+    vo += tl.load(bb + 2 * D + od).to(tl.float32)
+    rq = 1.0 / tl.sqrt((tl.sum(qe * qe, axis=0) + tl.sum(qo * qo, axis=0)) / (2 * HALF) + eps)
+    rk = 1.0 / tl.sqrt((tl.sum(ke * ke, axis=0) + tl.sum(ko * ko, axis=0)) / (2 * HALF) + eps)
+    qe = qe * rq * tl.load(qw_ptr + ev).to(tl.float32)
+    qo = qo * rq * tl.load(qw_ptr + od).to(tl.float32)
+    ke = ke * rk * tl.load(kw_ptr + ev).to(tl.float32)
+    ko = ko * rk * tl.load(kw_ptr + od).to(tl.float32)
+    c = tl.load(cos_ptr + pos * HALF + i)
+    s = tl.load(sin_ptr + pos * HALF + i)
+    out = q_ptr + (row * (D // (2 * HALF)) + head) * 2 * HALF
+    tl.store(out + ev, (qe * c - qo * s).to(q_ptr.dtype.element_ty))
+    tl.store(out + od, (qe * s + qo * c).to(q_ptr.dtype.element_ty))
+    dst = row * s_row + head * s_head + (offset + pos) * s_pos
+    tl.store(kc_ptr + dst + ev, (ke * c - ko * s).to(kc_ptr.dtype.element_ty))
+    tl.store(kc_ptr + dst + od, (ke * s + ko * c).to(kc_ptr.dtype.element_ty))
+    tl.store(vc_ptr + dst + ev, ve.to(vc_ptr.dtype.element_ty))
+    tl.store(vc_ptr + dst + od, vo.to(vc_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, H, s_row, s_head, s_pos,
+                       split_len, n_splits, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DIRECT: tl.constexpr):
+    # program (row*head, split): online softmax over cache positions [split*len, min(next, filled)) only
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    row = bh // H
+    head = bh % H
+    length = tl.load(pos_ptr) + offset + 1
+    start = sp * split_len
+    end = tl.minimum(start + split_len, length)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + bh * HEAD_DIM + d).to(tl.float32) * qk_scale          # log2 domain
+    m_i = tl.full([1], float("-inf"), tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    kb = k_ptr + row * s_row + head * s_head
+    vb = v_ptr + row * s_row + head * s_head
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        mn = n < end
+        k = tl.load(kb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)
+        v = tl.load(vb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)   # both in flight
+        sc = tl.where(mn, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))  # [BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new)
+        v = v.to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    one = tl.arange(0, 1)
+    if DIRECT:
+        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    else:
+        pb = part_ptr + (bh * n_splits + sp) * (HEAD_DIM + 2)
+        tl.store(pb + d, acc)
+        tl.store(pb + HEAD_DIM + one, m_i)
+        tl.store(pb + HEAD_DIM + 1 + one, l_i)
+
+
+@triton.jit
+def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+    # one program per row*head: merge the splits' (acc, max, sum) into the attention output
+    bh = tl.program_id(0)
+    s = tl.arange(0, SPLITS)
+    ms = s < n_splits
+    d = tl.arange(0, HEAD_DIM)
+    pb = part_ptr + bh * n_splits * (HEAD_DIM + 2) + s * (HEAD_DIM + 2)
+    m = tl.load(pb + HEAD_DIM, mask=ms, other=float("-inf"))
+    l = tl.load(pb + HEAD_DIM + 1, mask=ms, other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))                                          # empty splits: weight 0
+    acc = tl.load(pb[:, None] + d[None, :], mask=ms[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + bh * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return SM_COUNT_FALLBACK
+
+
+def split_plan(rows_heads: int, cache_len: int, sms: int, block_n: int, waves: int = 4) -> tuple[int, int]:
+    """(split length, number of splits): enough programs to cover the chip `waves` times over."""
+    want = max(1, min(math.ceil(waves * sms / rows_heads), triton.cdiv(cache_len, block_n)))
+    split_len = triton.cdiv(triton.cdiv(cache_len, want), block_n) * block_n
+    return split_len, triton.cdiv(cache_len, split_len)
+
+
+# (epilogue, N, K, rows <= 2 ? 2 : 16) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, splits), or None where cuBLAS
+# was faster. Measured on an H200 with `featurectl bench cube3d --tune` (see docs/cube3d.md).
+GEMV_TABLE: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | None] = {
+    (2, 6144, 1536, 2): (32, 256, 4, 3, 1), (2, 6144, 1536, 16): (64, 256, 4, 3, 1),        # gate/up + SwiGLU
+    (0, 16384, 1536, 2): (64, 128, 4, 3, 1), (0, 16384, 1536, 16): (64, 128, 4, 3, 1),      # lm_head
+    (3, 4608, 1536, 2): None, (3, 4608, 1536, 16): None,                                    # q/k/v: cuBLAS
+    (3, 1536, 1536, 2): (32, 256, 4, 3, 2), (3, 1536, 1536, 16): (32, 256, 4, 3, 2),        # attention output
+    (3, 1536, 6144, 2): (32, 256, 4, 4, 4), (3, 1536, 6144, 16): (32, 256, 4, 4, 4),        # MLP down
+}
+
+
+def gemv_config(epilogue: int, m: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
+    """Tuned launch parameters if measured for this shape (None: use cuBLAS), else a heuristic: the widest column
+    block that gives every multiprocessor about two programs, and for split-K enough splits to cover the chip
+    about three times."""
+    key = (epilogue, n, k, 2 if m <= 2 else 16)
+    if key in GEMV_TABLE:
+        return GEMV_TABLE[key]
+    block_n = 16
+    for bn in (64, 32):
+        if n % bn == 0 and n // bn >= 2 * SM_COUNT_FALLBACK:
+            block_n = bn
+            break
+    block_k, splits = min(256, k), 1
+    if epilogue == PARTIAL:
+        for sp in (8, 6, 4, 3, 2):
+            if k % (sp * block_k) == 0 and (n // block_n) * sp <= 3 * SM_COUNT_FALLBACK:
+                splits = sp
+                break
+    return block_n, block_k, 4, 4, splits
+
+
+# rows <= 2 ? 2 : 16 -> (BLOCK_N, num_warps, num_stages, waves of programs over the chip); measured on an H200
+ATTN_TABLE: dict[int, tuple[int, int, int, int]] = {2: (32, 4, 2, 4), 16: (64, 4, 3, 8)}
+ATTN_DEFAULT = (32, 4, 2, 4)
+# merge the attention's splits inside the output projection's GEMM instead of a combine kernel: one launch less,
+# but each GEMM program re-merges its heads serially; measured 3x slower per step on an H200, so off
+FUSE_COMBINE = False
+
+
+class AttnParts(NamedTuple):
+    """Split-K attention before its combine step: [R*H, splits, head dim + 2] float32 (acc, max, sum)."""
+
+    parts: Tensor
+    rows: int
+    n_head: int
+    head_dim: int
+    dtype: torch.dtype
+
+
+class TritonOps:
+    """The decode step's pieces as fused Triton kernels (same signatures as `TorchOps`)."""
+
+    name = "triton"
+
+    def __init__(self, attn: tuple[int, int, int, int] | None = None, gemv: bool = True):
+        self.attn = attn                    # fixed attention launch parameters (tests, tuning); None: the table
+        self.gemv = gemv
+        self.attn_block_n = None            # tests may force a small block to exercise several splits
+
+    def layer_norm(self, x: Tensor, eps: float) -> Tensor:
+        h = torch.empty_like(x)
+        rows, d = x.shape
+        _layer_norm_kernel[(rows,)](x, x, x, h, rows, d, 0, eps, ADD=False, S_PAD=1,
+                                    BLOCK=triton.next_power_of_2(d), num_warps=8)
+        return h
+
+    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor:
+        """x += sum(parts) + bias in place (parts: [S, R, D] split-K sums); returns LayerNorm(x)."""
+        h = torch.empty_like(x)
+        rows, d = x.shape
+        _layer_norm_kernel[(rows,)](x, parts, bias, h, rows, d, parts.shape[0], eps, ADD=True,
+                                    S_PAD=triton.next_power_of_2(parts.shape[0]), BLOCK=triton.next_power_of_2(d),
+                                    num_warps=8)
+        return h
+
+    def _gemv(self, x: Tensor | AttnParts, w: Tensor, b: Tensor | None, n: int, epilogue: int):
+        """Launch the skinny GEMM; None when the shape does not fit it (the caller falls back to cuBLAS)."""
+        attn = isinstance(x, AttnParts)
+        m, k = (x.rows, x.n_head * x.head_dim) if attn else x.shape
+        cfg = gemv_config(epilogue, m, n, k)
+        if cfg is not None and attn:
+            cfg = (cfg[0], x.head_dim) + cfg[2:]          # one head per K block: the merge works head by head
+        if (cfg is None or not self.gemv or m > 16 or n % cfg[0] or k % (cfg[1] * cfg[4])
+                or not (attn or x.is_contiguous())):
+            return None
+        block_n, block_k, warps, stages, splits = cfg
+        dtype = x.dtype
+        shape = (splits, m, n) if epilogue == PARTIAL else (m, n)
+        out = torch.empty(shape, dtype=torch.float32 if epilogue == PARTIAL else dtype, device=w.device)
+        src = x.parts if attn else x
+        heads, n_splits = (x.n_head, x.parts.shape[1]) if attn else (1, 1)
+        _gemv_kernel[(n // block_n, splits)](src, w, w if b is None else b, out, m, n, k, k // splits, heads, n_splits,
+                                             EPILOGUE=epilogue, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+                                             IEEE=dtype == torch.float32, ATTN_X=attn, num_warps=warps,
+                                             num_stages=stages)
+        return out
+
+    def _merged(self, a: Tensor | AttnParts) -> Tensor:
+        """The attention output [R, D] (runs the combine kernel when the GEMM could not take the parts)."""
+        if not isinstance(a, AttnParts):
+            return a
+        out = torch.empty(a.rows, a.n_head * a.head_dim, dtype=a.dtype, device=a.parts.device)
+        n_splits = a.parts.shape[1]
+        _attn_combine_kernel[(a.rows * a.n_head,)](a.parts, out, n_splits, HEAD_DIM=a.head_dim,
+                                                  SPLITS=triton.next_power_of_2(n_splits), num_warps=4)
+        return out
+
+    def linear(self, x: Tensor, w: Tensor) -> Tensor:
+        out = self._gemv(x, w, None, w.shape[0], PLAIN)
+        return torch.nn.functional.linear(x, w) if out is None else out
+
+    def linear_parts(self, x: Tensor | AttnParts, w: Tensor) -> Tensor:
+        """x W^T as split-K partial sums [S, R, N] (float32), or [1, R, N] from cuBLAS. x may be `AttnParts`."""
+        if isinstance(x, AttnParts) and not FUSE_COMBINE:
+            x = self._merged(x)
+        out = self._gemv(x, w, None, w.shape[0], PARTIAL)
+        return torch.nn.functional.linear(self._merged(x), w).unsqueeze(0) if out is None else out
+
+    def linear_swiglu(self, h: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        out = self._gemv(h, w, b, w.shape[0] // 2, SWIGLU)
+        if out is not None:
+            return out
+        g, u = torch.nn.functional.linear(h, w, b).chunk(2, dim=-1)
+        return torch.nn.functional.silu(g) * u
+
+    def qk_norm_rope_cache(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor,
+                           pos: Tensor, eps: float) -> Tensor:
+        kc, vc = lw.cache.k, lw.cache.v                                           # [R_max, H, L, d]
+        n_head, head_dim = kc.shape[1], kc.shape[3]
+        q = torch.empty(rows, n_head, head_dim, dtype=kc.dtype, device=qkv.device)
+        _qk_rope_cache_kernel[(rows, n_head)](
+            qkv, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, pos, q, kc, vc, lw.offset, rows, qkv.shape[0],
+            n_head * head_dim, kc.stride(0), kc.stride(1), kc.stride(2), eps, HALF=head_dim // 2,
+            S_PAD=triton.next_power_of_2(qkv.shape[0]), num_warps=1)
+        return q
+
+    def attention(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> AttnParts:
+        """Split-K attention over the filled cache; the combine step runs inside the next GEMM (`linear_parts`)."""
+        kc, vc = lw.cache.k, lw.cache.v
+        n_head, cache_len, head_dim = kc.shape[1], kc.shape[2], kc.shape[3]
+        block_n, warps, stages, waves = self.attn or ATTN_TABLE.get(2 if rows <= 2 else 16, ATTN_DEFAULT)
+        block_n = self.attn_block_n or block_n
+        split_len, n_splits = split_plan(rows * n_head, cache_len, _sm_count(q.device), block_n, waves)
+        part = torch.empty(rows * n_head, n_splits, head_dim + 2, dtype=torch.float32, device=q.device)
+        qk_scale = (1.0 / math.sqrt(head_dim)) * math.log2(math.e)
+        _attn_split_kernel[(rows * n_head, n_splits)](
+            q, kc, vc, pos, part, part, lw.offset, n_head, kc.stride(0), kc.stride(1), kc.stride(2),
+            split_len, n_splits, qk_scale, HEAD_DIM=head_dim, BLOCK_N=block_n, DIRECT=False,
+            num_warps=warps, num_stages=stages)
+        return AttnParts(part, rows, n_head, head_dim, q.dtype)
+
+    def attention_output(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> Tensor:
+        """The merged attention output [R, D] (tests and tools)."""
+        return self._merged(self.attention(q, lw, rows, pos))

@@ -1,0 +1,75 @@
+"""The Triton kernels compute what the PyTorch ops compute (on the CPU through Triton's interpreter)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from inference import triton_ops
+    from inference.engine import Engine
+    from inference.ops import TorchOps
+    from inference.triton_ops import TritonOps
+
+    torch.manual_seed(0)
+    engine = Engine("tiny", None, mode="eager", batch_buckets=(1, 2), init_std=0.05)
+    m, cfg, rows = engine.model, engine.cfg, 4
+    to, tr = TorchOps(), TritonOps()
+    tr.attn_block_n = 8                  # several splits: the split + combine path runs too
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    for lw in m.decode_layers():
+        lw.cache.k.normal_(); lw.cache.v.normal_()
+    d, f = cfg.n_embd, cfg.mlp_hidden
+    x = torch.randn(rows, d)
+    assert rel(tr.layer_norm(x, 1e-6), to.layer_norm(x, 1e-6)) < 1e-5
+    w, b = torch.randn(3 * d, d), torch.randn(d)
+    assert rel(tr.linear(x, w), to.linear(x, w)) < 1e-5
+    xk, wk = torch.randn(rows, 1024), torch.randn(64, 1024)
+    parts = tr.linear_parts(xk, wk)
+    assert parts.shape[0] > 1 and rel(parts.sum(0), to.linear(xk, wk)) < 1e-5    # split-K parts
+    parts = torch.randn(3, rows, d)
+    x1, x2 = x.clone(), x.clone()
+    assert rel(tr.residual_layer_norm(x1, parts, b, 1e-6), to.residual_layer_norm(x2, parts, b, 1e-6)) < 1e-5
+    assert rel(x1, x2) < 1e-6
+    wgu, bgu = torch.randn(2 * f, d) / d ** 0.5, torch.randn(2 * f)
+    assert rel(tr.linear_swiglu(x, wgu, bgu), to.linear_swiglu(x, wgu, bgu)) < 1e-5
+    for lw in (m.decode_layers()[0], m.decode_layers()[-1]):          # a dual layer and the single one
+        for p in (1, 11):
+            pos, qkv = torch.tensor([p]), torch.randn(2, rows, 3 * cfg.n_embd)
+            saved = lw.cache.k.clone(), lw.cache.v.clone()
+            q1 = tr.qk_norm_rope_cache(qkv, lw, rows, m.rope_cos, m.rope_sin, pos, 1e-5)
+            k1, v1 = lw.cache.k.clone(), lw.cache.v.clone()
+            lw.cache.k.copy_(saved[0]); lw.cache.v.copy_(saved[1])
+            q2 = to.qk_norm_rope_cache(qkv, lw, rows, m.rope_cos, m.rope_sin, pos, 1e-5)
+            assert rel(q1, q2) < 1e-5 and rel(k1, lw.cache.k) < 1e-6 and rel(v1, lw.cache.v) < 1e-6
+            assert rel(tr.attention_output(q2, lw, rows, pos), to.attention(q2, lw, rows, pos)) < 1e-5
+            wp = torch.randn(cfg.n_embd, cfg.n_embd)
+            for fuse in (False, True):                                     # combine kernel, or inside the GEMM
+                triton_ops.FUSE_COMBINE = fuse
+                got = tr.linear_parts(tr.attention(q2, lw, rows, pos), wp).sum(0)
+                assert rel(got, to.linear(to.attention(q2, lw, rows, pos), wp)) < 1e-5
+    x = torch.randn(rows, d)
+    caches = [(lw.cache.k.clone(), lw.cache.v.clone()) for lw in m.decode_layers()]
+    ref = m.decode_step(x, torch.tensor([5]), to)
+    for lw, (k, v) in zip(m.decode_layers(), caches):
+        lw.cache.k.copy_(k); lw.cache.v.copy_(v)
+    assert rel(m.decode_step(x, torch.tensor([5]), tr), ref) < 1e-5
+    print("kernels ok")
+""")
+
+
+def test_triton_kernels_match_torch_ops_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "kernels ok" in proc.stdout

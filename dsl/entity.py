@@ -26,6 +26,6 @@ class Entity:
             raise DefinitionError(where, "has no join keys", "pass join_keys={\"asset_id\": String}")
         for key, kind in self.join_keys.items():
             if not isinstance(kind, ValueType) or kind not in _KEY_TYPES:
-                raise DefinitionError(where, f"join key `{key}` has type {kind!r}",
+                raise DefinitionError(where, f"join key `{key}` has type {getattr(kind, 'value', kind)!r}",
                                       "join keys must be String, Int32 or Int64")
         object.__setattr__(self, "join_keys", dict(self.join_keys))

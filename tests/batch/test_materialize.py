@@ -168,6 +168,50 @@ def test_missing_offline_table_says_what_to_run(tmp_path, local_services):
 
 def _cleanup(client, project: str) -> None:
     suffix = project.encode()
-    for key in client.scan_iter(count=10_000):
-        if key.endswith(suffix):
-            client.delete(key)
+    keys = [key for key in client.scan_iter(count=10_000) if key.endswith(suffix)]
+    for lo in range(0, len(keys), 1_000):
+        client.delete(*keys[lo:lo + 1_000])
+
+
+def _dump(client, project: str) -> dict[bytes, dict]:
+    suffix = project.encode()
+    keys = [key for key in client.scan_iter(count=10_000) if key.endswith(suffix)]
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    return {key[:-len(suffix)]: fields for key, fields in zip(keys, pipe.execute())}
+
+
+def test_interrupted_materialization_rerun_equals_one_clean_run(tmp_path, local_services):
+    """SIGKILL halfway through, run again: Redis holds exactly what one uninterrupted run writes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    view = load_repo(ROOT / "feature_repo").view(VIEW)
+    table = _offline_table(view, n_entities=30_000, rows_per_entity=2, seed=23)
+    start, end = NOW - dt.timedelta(hours=23), NOW
+    client = redis.Redis(*local_services.redis_host_port)
+    dumps = []
+    for interrupted in (True, False):
+        project = f"mat_kill_{uuid.uuid4().hex[:8]}"
+        repo = _make_repo(tmp_path, project)
+        _write_offline(table, offline_table_path(tmp_path / "data", view))
+        _apply(repo)
+        args = [sys.executable, "-m", "featurectl", "--repo", str(repo), "materialize", start.isoformat(),
+                end.isoformat(), "--view", VIEW]
+        if interrupted:
+            baseline = client.dbsize()
+            proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 120
+            while client.dbsize() - baseline < 2_000 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            assert 0 < len(_dump(client, project)) < 30_000, "the kill did not land halfway"
+        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        dumps.append(_dump(client, project))
+        _cleanup(client, project)
+    assert len(dumps[0]) == 30_000 and dumps[0] == dumps[1]

@@ -1,0 +1,258 @@
+"""`featurectl bench serve`: our SDK and HTTP server beside Feast's, same Redis, same data, same requests.
+
+Data: `--assets` assets in the example repo's two asset views, written by Feast's own `write_to_online_store`
+into a project of their own (kept between runs, rewritten when older than 6 h). Every request reads 20 features:
+the 16 of `asset_activity` and 4 of `asset_attributes`.
+- SDK: `OnlineClient.get_features` against `FeatureStore.get_online_features(...).to_dict()`, 1 and 100 entities,
+  interleaved in blocks so that both sides see the same machine.
+- HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every
+  1,000 requests), sequential 1 and 100 entities, then an open-loop load of `--rate` requests/s for
+  `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator
+
+import click
+import numpy as np
+import yaml
+
+from bench._http_load import sequential
+from bench._report import emit, percentiles
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = "servebench"
+ATTRIBUTES = ["category", "style", "bbox_x", "polygon_count"]
+TARGETS = {"sdk_1_p99_ms": 0.25, "sdk_100_p99_ms": 3.0, "http_1_p99_ms": 1.5, "http_load_p99_ms": 5.0}
+
+
+def _bench_repo(state_dir: Path) -> Path:
+    """The example repo's definitions under a project of their own (Feast reads its yaml: no `platform`)."""
+    repo = state_dir / "bench-serve" / "repo"
+    repo.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
+    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
+    settings.pop("platform", None)
+    settings["project"] = PROJECT
+    settings["registry"]["path"] = f"sqlite:///{state_dir / 'bench-serve' / 'registry.db'}"
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    return repo
+
+
+def _apply(repo: Path):
+    from feast import FeatureStore
+
+    from featurectl.config import load_config
+    from featurectl.repo_commands import compile_repo
+
+    cfg = load_config(repo)
+    _, objects, _ = compile_repo(cfg)
+    store = FeatureStore(config=cfg.feast_repo_config())
+    store.apply(objects.all())
+    return store
+
+
+def _frame(view, assets: int, rng: np.random.Generator):
+    import pandas as pd
+
+    from serving.catalog import value_type
+    from dsl.types import ValueType
+
+    now = pd.Timestamp.now(tz="UTC")
+    frame = {"asset_id": [f"asset_{i:06d}" for i in range(assets)],
+             "event_timestamp": now - pd.to_timedelta(rng.integers(60, 3600, assets), unit="s")}
+    for feature in view.features:
+        kind = value_type(feature.dtype)
+        if kind is ValueType.STRING:
+            frame[feature.name] = [f"{feature.name}_{v}" for v in rng.integers(0, 50, assets)]
+        elif kind in (ValueType.FLOAT64, ValueType.FLOAT32):
+            frame[feature.name] = rng.random(assets) * 1000
+        else:
+            frame[feature.name] = rng.integers(0, 5000, assets)
+    return pd.DataFrame(frame)
+
+
+def _load_data(store, assets: int, seed: int) -> None:
+    """Feast's own write path fills Redis (the peer's write, our read: the compatibility direction)."""
+    import redis
+
+    host, _, port = store.config.online_store.connection_string.split(",")[0].rpartition(":")
+    client = redis.Redis(host=host, port=int(port))
+    marker = f"featurectl:bench:serve:{PROJECT}"
+    stored = json.loads(client.get(marker) or b"{}")
+    if stored.get("assets") == assets and time.time() - stored.get("loaded_s", 0) < 6 * 3600:
+        log.info("bench data already in Redis (%d assets)", assets)
+        return
+    rng = np.random.default_rng(seed)
+    for name in ("asset_activity", "asset_attributes"):
+        frame = _frame(store.get_feature_view(name), assets, rng)
+        for start in range(0, assets, 20_000):
+            started = time.perf_counter()
+            store.write_to_online_store(name, frame.iloc[start:start + 20_000])
+            log.info("%s: wrote rows %d..%d with Feast (%.0f rows/s)", name, start,
+                     min(start + 20_000, assets), 20_000 / (time.perf_counter() - started))
+    client.set(marker, json.dumps({"assets": assets, "loaded_s": time.time()}))
+
+
+def _time(call: Callable[[object], object], args: list) -> list[float]:
+    out = []
+    for arg in args:
+        start = time.perf_counter_ns()
+        call(arg)
+        out.append((time.perf_counter_ns() - start) / 1e6)
+    return out
+
+
+def _interleaved(ours: Callable, peer: Callable, args: list, block: int) -> tuple[list[float], list[float]]:
+    """Both sides over the same arguments, alternating blocks, after a warm-up of each."""
+    _time(ours, args[:block])
+    _time(peer, args[:block])
+    mine, theirs = [], []
+    for start in range(0, len(args), block):
+        mine += _time(ours, args[start:start + block])
+        theirs += _time(peer, args[start:start + block])
+    return mine, theirs
+
+
+def _figures(prefix: str, samples: list[float]) -> dict[str, float]:
+    return {f"{prefix}_{k.replace('.', '')}_ms": round(v, 4) for k, v in percentiles(samples).items()}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _server(command: list[str], port: int, log_path: Path) -> Iterator[int]:
+    with log_path.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise click.ClickException(f"server `{' '.join(command)}` did not start; see {log_path}")
+                time.sleep(0.5)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _load(port: int, bodies_file: Path, rate: float, seconds: float) -> dict:
+    done = subprocess.run([sys.executable, "-m", "bench._http_load", "--port", str(port), "--bodies",
+                           str(bodies_file), "--rate", str(rate), "--seconds", str(seconds)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)
+    if done.returncode != 0:
+        raise click.ClickException(f"load generator failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _sdk(repo: Path, store, features: list[str], ids: list[str], requests: int, batches: int,
+         rng: np.random.Generator) -> tuple[dict, dict]:
+    from serving.client import OnlineClient
+
+    client = OnlineClient.from_repo(repo)
+    singles = [[ids[i]] for i in rng.integers(0, len(ids), requests)]
+    ours, peer = _interleaved(lambda a: client.get_features(features, {"asset_id": a}),
+                              lambda a: store.get_online_features(features, [{"asset_id": a[0]}]).to_dict(),
+                              singles, block=500)
+    mine, theirs = _figures("sdk_1", ours), _figures("sdk_1", peer)
+    hundreds = [[ids[i] for i in rng.integers(0, len(ids), 100)] for _ in range(batches)]
+    ours, peer = _interleaved(lambda a: client.get_features(features, {"asset_id": a}),
+                              lambda a: store.get_online_features(features, {"asset_id": a}).to_dict(),
+                              hundreds, block=50)
+    client.close()
+    return {**mine, **_figures("sdk_100", ours)}, {**theirs, **_figures("sdk_100", peer)}
+
+
+def _http(repo: Path, features: list[str], ids: list[str], requests: int, batches: int, rate: float,
+          seconds: float, workers: int, rng: np.random.Generator, scratch: Path) -> tuple[dict, dict]:
+    singles = [{"features": features, "entities": {"asset_id": [ids[i]]}}
+               for i in rng.integers(0, len(ids), 2000)]
+    hundreds = [{"features": features, "entities": {"asset_id": [ids[i] for i in rng.integers(0, len(ids), 100)]}}
+                for _ in range(50)]
+    bodies_file = scratch / "bodies.json"
+    bodies_file.write_text(json.dumps(singles))
+    ours_port, peer_port = _free_port(), _free_port()
+    ours_cmd = [sys.executable, "-m", "featurectl", "--repo", str(repo), "serve", "--port", str(ours_port),
+                "--workers", str(workers)]
+    peer_cmd = [str(Path(sys.executable).parent / "feast"), "-c", str(repo), "serve", "-p", str(peer_port),
+                "--no-access-log", "--max-requests", "100000000", "--workers", str(workers)]
+    out: dict[str, dict] = {"ours": {}, "peer": {}}
+    with _server(ours_cmd, ours_port, scratch / "ours.log"), _server(peer_cmd, peer_port, scratch / "feast.log"):
+        encoded = [json.dumps(b).encode() for b in singles]
+        big = [json.dumps(b).encode() for b in hundreds]
+        for side, port in (("ours", ours_port), ("peer", peer_port)):
+            sequential("127.0.0.1", port, encoded, 200)  # warm-up
+            out[side].update(_figures("http_1", sequential("127.0.0.1", port, encoded, requests)))
+            out[side].update(_figures("http_100", sequential("127.0.0.1", port, big, batches)))
+        for side, port in (("ours", ours_port), ("peer", peer_port)):
+            result = _load(port, bodies_file, rate, seconds)
+            log.info("%s under load: %s", side, result)
+            out[side].update({"http_load_rps": result["rps"], "http_load_errors": result["errors"],
+                              **{f"http_load_{k}": result[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms")}})
+    for side in out.values():
+        side["http_load_p999_ms"] = side.pop("http_load_p99.9_ms")
+    return out["ours"], out["peer"]
+
+
+@click.command()
+@click.option("--assets", default=100_000, show_default=True, help="assets written to Redis by Feast")
+@click.option("--requests", "sdk_requests", default=20_000, show_default=True, help="SDK 1-entity calls per side")
+@click.option("--batch-requests", default=500, show_default=True, help="SDK 100-entity calls per side")
+@click.option("--http-requests", default=5_000, show_default=True, help="sequential HTTP 1-entity requests")
+@click.option("--http-batch-requests", default=200, show_default=True, help="sequential HTTP 100-entity requests")
+@click.option("--rate", default=2000.0, show_default=True, help="requests/s of the load phase")
+@click.option("--load-seconds", default=30.0, show_default=True)
+@click.option("--workers", default=1, show_default=True, help="server worker processes, both sides")
+@click.option("--seed", default=7, show_default=True)
+@click.pass_obj
+def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_requests: int,
+            http_batch_requests: int, rate: float, load_seconds: float, workers: int, seed: int) -> None:
+    """Online serving: our SDK and HTTP server against Feast's, 20 features over 2 views."""
+    cfg = ctx.config()
+    load_before = os.getloadavg()[0]  # other work on the machine shows in the tails: say how busy it was
+    repo = _bench_repo(cfg.state_dir)
+    store = _apply(repo)
+    _load_data(store, assets, seed)
+    features = ([f"asset_activity:{f.name}" for f in store.get_feature_view("asset_activity").features]
+                + [f"asset_attributes:{name}" for name in ATTRIBUTES])
+    ids = [f"asset_{i:06d}" for i in range(assets)]
+    rng = np.random.default_rng(seed)
+    ours, peer = _sdk(repo, store, features, ids, sdk_requests, batch_requests, rng)
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
+        http_ours, http_peer = _http(repo, features, ids, http_requests, http_batch_requests, rate, load_seconds,
+                                     workers, rng, Path(scratch))
+    ours.update(http_ours)
+    peer.update(http_peer)
+    met = {f"{k}<={v}": ours[k] <= v for k, v in TARGETS.items()}
+    met["http_load_errors==0"] = ours["http_load_errors"] == 0
+    emit("serve", ours, peer, {"assets": assets, "features": len(features), "views": 2, "sdk_requests": sdk_requests,
+                               "batch_requests": batch_requests, "http_requests": http_requests,
+                               "http_batch_requests": http_batch_requests, "load_rate": rate,
+                               "load_seconds": load_seconds, "server_workers": workers, "cpus": os.cpu_count(),
+                               "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                               "targets_met": met})

@@ -1,0 +1,79 @@
+"""`featurectl keys create | list | revoke | usage`: API keys for `serve` and `generate`."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+
+def _store(ctx):
+    from serving.api_keys import KeyStore
+
+    return KeyStore(ctx.config().registry_url)
+
+
+@click.group()
+def keys() -> None:
+    """API keys, stored hashed in the registry database, with per-minute budgets."""
+
+
+@keys.command()
+@click.argument("name")
+@click.option("--service", "services", multiple=True, required=True,
+              help="feature service the key may read (repeat; `*` for every service and free feature lists)")
+@click.option("--requests-per-minute", default=6_000, show_default=True, help="feature-read budget")
+@click.option("--tokens-per-minute", default=100_000, show_default=True, help="generated shape tokens budget")
+@click.pass_obj
+def create(ctx, name: str, services: tuple[str, ...], requests_per_minute: int, tokens_per_minute: int) -> None:
+    """Create a key; its secret is printed once and never stored."""
+    from serving.api_keys import ApiKeyError
+
+    try:
+        key, token = _store(ctx).create(name, list(services), requests_per_minute, tokens_per_minute)
+    except ApiKeyError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"created key {key.key_id} ({name}); send it as `Authorization: Bearer <key>`. "
+               "It is shown once:")
+    click.echo(token)
+
+
+@keys.command("list")
+@click.pass_obj
+def list_keys(ctx) -> None:
+    """Every key, active or revoked (never a secret)."""
+    rows = _store(ctx).list()
+    if not rows:
+        click.echo("no keys: `featurectl keys create NAME --service S` makes one")
+    for key in rows:
+        state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
+        click.echo(f"{key.key_id}  {key.name:<20} {state:<24} services={','.join(key.services)} "
+                   f"requests/min={key.requests_per_minute} tokens/min={key.tokens_per_minute}")
+
+
+@keys.command()
+@click.argument("key_id")
+@click.pass_obj
+def revoke(ctx, key_id: str) -> None:
+    """Revoke a key by id; servers stop accepting it within their refresh interval (10 s)."""
+    from serving.api_keys import ApiKeyError
+
+    try:
+        _store(ctx).revoke(key_id)
+    except ApiKeyError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"revoked {key_id}")
+
+
+@keys.command()
+@click.option("--since-minutes", default=60, show_default=True)
+@click.pass_obj
+def usage(ctx, since_minutes: int) -> None:
+    """Requests, generated tokens and throttled requests per key."""
+    since = int(time.time() // 60) - since_minutes
+    click.echo(f"{'key':<10}{'name':<22}{'requests':>10}{'tokens':>10}{'throttled':>11}")
+    for key_id, name, requests, tokens, rejected in _store(ctx).usage(since):
+        click.echo(f"{key_id:<10}{name:<22}{requests:>10}{tokens:>10}{rejected:>11}")
+
+
+COMMANDS = [keys]

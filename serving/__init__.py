@@ -1,0 +1,22 @@
+"""Online serving: the `get_features` SDK over Feast's Redis layout, and the HTTP feature server.
+
+`from serving import OnlineClient` (or `AsyncOnlineClient`); importing `serving.redis_layout` alone stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["AsyncOnlineClient", "OnlineClient", "OnlineFeatures"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AsyncOnlineClient", "OnlineClient"):
+        from serving import client
+
+        return getattr(client, name)
+    if name == "OnlineFeatures":
+        from serving.result import OnlineFeatures
+
+        return OnlineFeatures
+    raise AttributeError(f"module 'serving' has no attribute {name!r}")

@@ -1,0 +1,189 @@
+"""API keys and their usage, stored in the registry database beside Feast's tables.
+
+A key reads `fk_<id>_<secret>`; only the SHA-256 of the whole key is stored, so the database never holds a usable
+secret. Each key names the feature services it may read (`*` for all) and its budgets per minute: requests for
+feature reads, generated shape tokens for generation. Servers authenticate from an in-memory copy of the table,
+refreshed in the background, so the request path never waits on the database; usage is counted in memory and
+flushed per minute.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
+
+_META = sa.MetaData()
+KEYS = sa.Table(
+    "featurectl_api_keys", _META,
+    sa.Column("key_id", sa.String(16), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("key_hash", sa.String(64), nullable=False),
+    sa.Column("services", sa.Text, nullable=False),
+    sa.Column("requests_per_minute", sa.Integer, nullable=False),
+    sa.Column("tokens_per_minute", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
+)
+USAGE = sa.Table(
+    "featurectl_api_usage", _META,
+    sa.Column("key_id", sa.String(16), primary_key=True),
+    sa.Column("minute", sa.BigInteger, primary_key=True),
+    sa.Column("requests", sa.BigInteger, nullable=False),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+    sa.Column("rejected", sa.BigInteger, nullable=False),
+)
+
+
+class ApiKeyError(ValueError):
+    """A key operation cannot be done as asked (unknown key, bad budget); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    name: str
+    services: tuple[str, ...]
+    requests_per_minute: int
+    tokens_per_minute: int
+    created_at: dt.datetime
+    revoked_at: Optional[dt.datetime]
+
+    def may_read(self, service: Optional[str]) -> bool:
+        """Reads by feature list (no service) need the `*` grant; a service read needs that service or `*`."""
+        return "*" in self.services or (service is not None and service in self.services)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _row_to_key(row) -> ApiKey:
+    return ApiKey(row.key_id, row.name, tuple(s for s in row.services.split(",") if s), row.requests_per_minute,
+                  row.tokens_per_minute, row.created_at, row.revoked_at)
+
+
+class KeyStore:
+    """The key and usage tables in the registry database (SQLite or PostgreSQL, any SQLAlchemy URL)."""
+
+    def __init__(self, url: str):
+        self.engine = sa.create_engine(url, pool_pre_ping=True)
+        _META.create_all(self.engine)
+
+    def create(self, name: str, services: list[str], requests_per_minute: int,
+               tokens_per_minute: int) -> tuple[ApiKey, str]:
+        """A new key; the plaintext is returned once and never stored."""
+        if requests_per_minute <= 0 or tokens_per_minute <= 0:
+            raise ApiKeyError("budgets must be positive: pass --requests-per-minute N and --tokens-per-minute N")
+        if not services:
+            raise ApiKeyError("a key needs at least one feature service (or `*` for all)")
+        key_id = secrets.token_hex(4)
+        token = f"fk_{key_id}_{secrets.token_urlsafe(24)}"
+        now = dt.datetime.now(dt.timezone.utc)
+        with self.engine.begin() as conn:
+            conn.execute(KEYS.insert().values(key_id=key_id, name=name, key_hash=_digest(token),
+                                              services=",".join(services), requests_per_minute=requests_per_minute,
+                                              tokens_per_minute=tokens_per_minute, created_at=now))
+        return ApiKey(key_id, name, tuple(services), requests_per_minute, tokens_per_minute, now, None), token
+
+    def list(self) -> list[ApiKey]:
+        with self.engine.connect() as conn:
+            return [_row_to_key(r) for r in conn.execute(sa.select(KEYS).order_by(KEYS.c.created_at))]
+
+    def revoke(self, key_id: str) -> None:
+        with self.engine.begin() as conn:
+            done = conn.execute(KEYS.update().where(KEYS.c.key_id == key_id, KEYS.c.revoked_at.is_(None))
+                                .values(revoked_at=dt.datetime.now(dt.timezone.utc)))
+        if done.rowcount == 0:
+            raise ApiKeyError(f"no active key `{key_id}`: `featurectl keys list` shows the ids")
+
+    def hashes(self) -> dict[str, tuple[str, ApiKey]]:
+        """key_id -> (stored hash, key) of every active key."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(KEYS).where(KEYS.c.revoked_at.is_(None)))
+            return {r.key_id: (r.key_hash, _row_to_key(r)) for r in rows}
+
+    def add_usage(self, counts: dict[tuple[str, int], list[int]]) -> None:
+        """Add (requests, tokens, rejected) per (key, minute) to the usage table."""
+        with self.engine.begin() as conn:
+            for (key_id, minute), (requests, tokens, rejected) in counts.items():
+                where = (USAGE.c.key_id == key_id) & (USAGE.c.minute == minute)
+                updated = conn.execute(USAGE.update().where(where).values(
+                    requests=USAGE.c.requests + requests, tokens=USAGE.c.tokens + tokens,
+                    rejected=USAGE.c.rejected + rejected))
+                if updated.rowcount == 0:
+                    conn.execute(USAGE.insert().values(key_id=key_id, minute=minute, requests=requests,
+                                                       tokens=tokens, rejected=rejected))
+
+    def usage(self, since_minute: int = 0) -> list[tuple[str, str, int, int, int]]:
+        """(key_id, name, requests, tokens, rejected) per key since a minute (epoch minutes)."""
+        query = (sa.select(KEYS.c.key_id, KEYS.c.name, sa.func.coalesce(sa.func.sum(USAGE.c.requests), 0),
+                           sa.func.coalesce(sa.func.sum(USAGE.c.tokens), 0),
+                           sa.func.coalesce(sa.func.sum(USAGE.c.rejected), 0))
+                 .select_from(KEYS.outerjoin(USAGE, (USAGE.c.key_id == KEYS.c.key_id)
+                                             & (USAGE.c.minute >= since_minute)))
+                 .group_by(KEYS.c.key_id, KEYS.c.name).order_by(KEYS.c.key_id))
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+
+
+class Authenticator:
+    """Checks bearer keys against an in-memory copy of the active keys, refreshed every `refresh_s`."""
+
+    def __init__(self, store: KeyStore, refresh_s: float = 10.0):
+        self.store = store
+        self.refresh_s = refresh_s
+        self._keys = store.hashes()
+        self._usage: dict[tuple[str, int], list[int]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="api-keys-refresh", daemon=True)
+        self._thread.start()
+
+    def authenticate(self, token: Optional[str]) -> Optional[ApiKey]:
+        """The key for a presented token, or None (unknown, malformed or revoked)."""
+        if not token or not token.startswith("fk_"):
+            return None
+        key_id = token[3:].split("_", 1)[0]
+        entry = self._keys.get(key_id)
+        if entry is None or not hmac.compare_digest(entry[0], _digest(token)):
+            return None
+        return entry[1]
+
+    def count(self, key: ApiKey, requests: int = 0, tokens: int = 0, rejected: int = 0) -> None:
+        minute = int(time.time() // 60)
+        with self._lock:
+            totals = self._usage.setdefault((key.key_id, minute), [0, 0, 0])
+            totals[0] += requests
+            totals[1] += tokens
+            totals[2] += rejected
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._usage = self._usage, {}
+        if pending:
+            self.store.add_usage(pending)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            try:
+                self._keys = self.store.hashes()
+                self.flush()
+            except Exception as exc:  # the registry may be down: keep serving with the keys we have
+                log.warning("api keys: refresh from the registry failed (%s); using the cached keys",
+                            type(exc).__name__)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()

@@ -1,0 +1,126 @@
+"""What the server needs from Feast's registry, read once and refreshed in the background.
+
+The request path never touches the registry: it reads an immutable `Catalog` (views, their features and types,
+join keys, ttl, services), swapped atomically by `CatalogRefresher` every `cache_ttl_seconds`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dsl.types import ValueType
+from serving.errors import RegistryError
+from serving.redis_layout import field_name, ts_field
+
+logger = logging.getLogger(__name__)
+
+_versions = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    kind: Optional[ValueType]  # None: a Feast type outside the DSL (lists, bytes...), decoded generically
+    field: bytes  # the hash field, murmur3 of `view:feature`
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    name: str  # the name used in requests and in output names
+    storage_name: str  # the name hashed into Redis fields (differs only with Feast's online view versioning)
+    join_keys: tuple[tuple[str, ValueType], ...]
+    features: dict[str, FeatureSpec]
+    ttl_ms: Optional[int]  # None or 0: values never expire
+    ts_field: bytes
+
+
+@dataclass(frozen=True)
+class Catalog:
+    project: str
+    views: dict[str, ViewSpec]
+    services: dict[str, tuple[str, ...]]  # service name -> feature refs `view:feature`, in definition order
+    version: int = field(default_factory=lambda: next(_versions))
+
+
+def value_type(dtype: Any) -> Optional[ValueType]:
+    """The DSL type of a Feast dtype; None for types the DSL lacks (lists, bytes...)."""
+    by_feast = {kind.feast_type(): kind for kind in ValueType}
+    try:
+        return by_feast.get(dtype)
+    except TypeError:  # unhashable Feast types (Array(...)) are served with the generic decoder
+        return None
+
+
+def _view_spec(view: Any, versioning: bool) -> ViewSpec:
+    from feast.infra.online_stores.helpers import compute_versioned_name
+
+    storage = compute_versioned_name(view, versioning)
+    join_keys = []
+    for column in view.entity_columns:
+        kind = value_type(column.dtype)
+        if kind not in (ValueType.STRING, ValueType.INT32, ValueType.INT64):
+            raise RegistryError(f"feature view `{view.name}`: join key `{column.name}` has type {column.dtype}; "
+                                "the online reader supports string, int32 and int64 join keys")
+        join_keys.append((column.name, kind))
+    features = {f.name: FeatureSpec(f.name, value_type(f.dtype), field_name(storage, f.name))
+                for f in view.features}
+    ttl_ms = int(view.ttl.total_seconds() * 1000) if view.ttl else None
+    return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage))
+
+
+def load_catalog(registry: Any, project: str, versioning: bool = False) -> Catalog:
+    """Read views and services of `project` through Feast's registry API (no cache: always the stored state)."""
+    try:
+        views = registry.list_feature_views(project, allow_cache=False)
+        services = registry.list_feature_services(project, allow_cache=False)
+    except Exception as exc:  # SQLAlchemy, protobuf, file errors: one message for the caller
+        raise RegistryError(f"cannot read the Feast registry of project `{project}`: {exc}; "
+                            "check `registry.path` in feature_store.yaml and run `featurectl apply`") from exc
+    specs = {v.name: _view_spec(v, versioning) for v in views if v.entity_columns}
+    refs = {}
+    for service in services:
+        refs[service.name] = tuple(f"{p.name_to_use()}:{f.name}" for p in service.feature_view_projections
+                                   for f in p.features)
+    return Catalog(project, specs, refs)
+
+
+class CatalogRefresher:
+    """Holds the current catalog and reloads it in a daemon thread; a failed reload keeps the previous one."""
+
+    def __init__(self, repo_config: Any, interval_s: Optional[float] = None):
+        from feast import FeatureStore
+
+        self._registry = FeatureStore(config=repo_config).registry
+        self._project = repo_config.project
+        self._versioning = bool(getattr(repo_config.registry, "enable_online_feature_view_versioning", False))
+        self.interval_s = interval_s if interval_s is not None else (repo_config.registry.cache_ttl_seconds or 60)
+        self.catalog = load_catalog(self._registry, self._project, self._versioning)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        if self._thread is None and self.interval_s > 0:
+            self._thread = threading.Thread(target=self._run, name="catalog-refresh", daemon=True)
+            self._thread.start()
+
+    def refresh(self) -> Catalog:
+        """Reload now; an unchanged registry keeps the current catalog (and the plans cached against it)."""
+        new = load_catalog(self._registry, self._project, self._versioning)
+        if new.views != self.catalog.views or new.services != self.catalog.services:
+            self.catalog = new
+            logger.info("registry changed: %d views, %d services", len(new.views), len(new.services))
+        return self.catalog
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.refresh()
+            except RegistryError as exc:
+                logger.warning("registry refresh failed, serving the previous definitions: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()

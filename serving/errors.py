@@ -1,0 +1,39 @@
+"""The serving error hierarchy: each error says what was wrong and what to do; HTTP maps them to 400 / 503."""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base of every error raised by the online SDK and the feature server."""
+
+
+class RequestError(ServingError, ValueError):
+    """The request itself is wrong (unknown feature, bad entity values): the caller must change it (HTTP 400)."""
+
+    code = "bad_request"
+
+
+class UnknownFeatureError(RequestError):
+    code = "unknown_feature"
+
+
+class UnknownServiceError(RequestError):
+    code = "unknown_feature_service"
+
+
+class EntityError(RequestError):
+    """Entity rows missing a join key, of the wrong type, or of unequal lengths."""
+
+    code = "bad_entities"
+
+
+class RedisUnavailableError(ServingError):
+    """Redis could not be reached or did not answer within the timeout (HTTP 503); retrying later may work."""
+
+    code = "redis_unavailable"
+
+
+class RegistryError(ServingError):
+    """The Feast registry could not be read, or holds definitions the server cannot serve."""
+
+    code = "registry_error"

@@ -1,0 +1,242 @@
+"""The feature server: Feast's `POST /get-online-features`, `/health`, `/ready`, `/metrics`, `/stats` and
+`/openapi.json`.
+
+No web framework on the hot path: a request is routed by a dict lookup, parsed by orjson, checked by hand
+(so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
+log-linear histograms. Redis failures become 503 within the client's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+import orjson
+
+from serving.client import AsyncOnlineClient
+from serving.errors import RedisUnavailableError, RequestError, ServingError, UnknownServiceError
+from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
+from serving.openapi import OPENAPI
+from serving.stats import ServerStats
+
+logger = logging.getLogger(__name__)
+
+FEATURES_PATH = "/get-online-features"
+MAX_BODY_BYTES = 1 << 20
+MAX_ROWS = 10_000
+JSON = b"application/json"
+Reply = tuple[int, bytes, bytes]  # status, body, content type
+
+
+class BadRequest(RequestError):
+    """The HTTP body is JSON of the wrong shape."""
+
+
+class MalformedJSON(BadRequest):
+    code = "malformed_json"
+
+
+class TooLarge(BadRequest):
+    code = "body_too_large"
+
+
+def _error(status: int, exc: Exception, code: Optional[str] = None) -> Reply:
+    return status, orjson.dumps({"error": str(exc), "code": code or getattr(exc, "code", "error")}), JSON
+
+
+def parse_request(body: bytes) -> tuple[Any, dict, bool]:
+    """(features or service name, entities, full_feature_names) from Feast's request body."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedJSON(f"malformed JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object with `features` (or `feature_service`) and `entities`")
+    features, service = data.get("features"), data.get("feature_service")
+    if service is not None:
+        if not isinstance(service, str) or not service:
+            raise BadRequest("`feature_service` must be a non-empty string, the name of a feature service")
+        if features:
+            raise BadRequest("give either `features` or `feature_service`, not both")
+        features = service
+    elif not isinstance(features, list) or not features or not all(isinstance(f, str) for f in features):
+        raise BadRequest("`features` must be a non-empty list of `view:feature` strings "
+                         "(or give `feature_service` instead)")
+    entities = data.get("entities")
+    if not isinstance(entities, dict) or not entities:
+        raise BadRequest("`entities` must be an object mapping each join key to a list of values, "
+                         'e.g. {"asset_id": ["a1", "a2"]}')
+    for key, values in entities.items():
+        if isinstance(values, list) and len(values) > MAX_ROWS:
+            raise BadRequest(f"entity `{key}` has {len(values)} rows; at most {MAX_ROWS} per request")
+    full = data.get("full_feature_names", False)
+    if not isinstance(full, bool):
+        raise BadRequest("`full_feature_names` must be true or false")
+    return features, entities, full
+
+
+async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b""  # nobody is left to read the answer
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class FeatureServer:
+    """One per worker process; `make_client` runs at startup (it reads the registry).
+
+    `respond(method, path, body)` is the whole server: routing, parsing, serving, timing. The HTTP connection
+    code (`serving.http_protocol`) calls it directly; `__call__` is the ASGI face, used for lifespan events and by
+    any other ASGI server.
+    """
+
+    def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None):
+        self.make_client = make_client
+        self.client: Optional[AsyncOnlineClient] = None
+        self.stats = stats or ServerStats()
+        self.routes: dict[str, tuple[str, Callable[[Optional[bytes]], Awaitable[Any]]]] = {
+            FEATURES_PATH: ("POST", self.get_online_features),
+            "/health": ("GET", self.health), "/ready": ("GET", self.ready), "/metrics": ("GET", self.metrics),
+            "/stats": ("GET", self.stats_json), "/openapi.json": ("GET", self.openapi),
+        }
+        self._openapi = orjson.dumps(OPENAPI)
+        self._sharing: Optional[asyncio.Future] = None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            try:
+                body: Optional[bytes] = await _read_body(receive) if scope["method"] == "POST" else b""
+            except TooLarge:
+                body = None
+            status, payload, kind = await self.respond(scope["method"], scope["path"], body)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload))]})
+            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
+
+    async def respond(self, method: str, path: str, body: Optional[bytes]) -> Reply:
+        """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms."""
+        start = time.perf_counter_ns()
+        stats = self.stats
+        stats.in_flight += 1
+        service = None
+        route = self.routes.get(path)
+        endpoint = path if route else "other"
+        try:
+            if route is None:
+                status, payload, kind = _error(404, RequestError(f"no endpoint {path}; see /openapi.json"),
+                                               "not_found")
+            elif method != route[0] and not (route[0] == "GET" and method == "HEAD"):
+                status, payload, kind = _error(405, RequestError(f"{path} takes {route[0]}, not {method}"),
+                                               "method_not_allowed")
+            elif path == FEATURES_PATH:
+                status, payload, kind, service = await self.get_online_features(body)
+            else:
+                status, payload, kind = await route[1](body)
+        except Exception as exc:  # a bug, not the request: log it, answer JSON, keep serving
+            logger.exception("%s %s failed", method, path)
+            status, payload, kind = _error(500, ServingError(f"internal error ({type(exc).__name__}); "
+                                                             "see the server log"), "internal")
+        finally:
+            stats.in_flight -= 1
+        stats.record(endpoint, status, time.perf_counter_ns() - start, service)
+        return status, payload, kind
+
+    async def get_online_features(self, body: Optional[bytes]) -> tuple[int, bytes, bytes, Optional[str]]:
+        """The reply and the feature service label (`-` for feature lists, None when unknown)."""
+        service = None
+        try:
+            if body is None:
+                raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request")
+            features, entities, full = parse_request(body)
+            service = features if isinstance(features, str) else "-"
+            status, payload, kind = await self._fetch(features, entities, full)
+        except TooLarge as exc:
+            status, payload, kind = _error(413, exc)
+        except RequestError as exc:
+            status, payload, kind = _error(400, exc)
+            if isinstance(exc, UnknownServiceError):
+                service = None  # unknown names never become metric labels
+        return status, payload, kind, service
+
+    async def _fetch(self, features: Any, entities: dict, full: bool) -> Reply:
+        if self.client is None:
+            return _error(503, ServingError("the server is starting: the registry is not loaded yet"), "starting")
+        try:
+            response = await self.client.get_online_features(features, entities, full_feature_names=full)
+        except RedisUnavailableError as exc:
+            self.stats.redis_errors += 1
+            return _error(503, exc)
+        except RequestError:
+            raise
+        except ServingError as exc:  # Redis answered with an error (e.g. a key of the wrong type)
+            self.stats.redis_errors += 1
+            logger.error("get-online-features failed: %s", exc)
+            return _error(502, exc, "redis_error")
+        return 200, orjson.dumps(response.to_feast_response()), JSON
+
+    async def health(self, body: Optional[bytes]) -> Reply:
+        return 200, b'{"status":"ok"}', JSON
+
+    async def ready(self, body: Optional[bytes]) -> Reply:
+        if self.client is None:
+            return _error(503, ServingError("the registry is not loaded yet"), "starting")
+        try:
+            await self.client.ping()
+        except ServingError as exc:
+            self.stats.redis_errors += 1
+            return _error(503, exc, "redis_unavailable")
+        catalog = self.client.registry.catalog
+        return 200, orjson.dumps({"status": "ready", "project": catalog.project, "feature_views": len(catalog.views),
+                                  "feature_services": len(catalog.services)}), JSON
+
+    async def metrics(self, body: Optional[bytes]) -> Reply:
+        return 200, exposition(self.stats), METRICS_TYPE.encode()
+
+    async def stats_json(self, body: Optional[bytes]) -> Reply:
+        return 200, orjson.dumps(self.stats.merged().summary()), JSON
+
+    async def openapi(self, body: Optional[bytes]) -> Reply:
+        return 200, self._openapi, JSON
+
+    async def _share_stats(self, every_s: float = 1.0) -> None:
+        """With several workers: publish this worker's counters every second for the others to merge."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.stats.dump()
+
+    async def _lifespan(self, receive: Callable, send: Callable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.client = self.make_client()
+                except Exception as exc:  # registry unreadable, bad settings: refuse to start, say why
+                    logger.error("feature server cannot start: %s", exc)
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                gc.collect()
+                gc.freeze()  # the registry's objects, never garbage: keep them out of every later collection
+                if self.stats.directory is not None:
+                    self._sharing = asyncio.ensure_future(self._share_stats())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._sharing is not None:
+                    self._sharing.cancel()
+                if self.client is not None:
+                    await self.client.close()
+                self.stats.dump()
+                await send({"type": "lifespan.shutdown.complete"})
+                return

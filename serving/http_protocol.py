@@ -1,0 +1,142 @@
+"""The feature server's HTTP/1.1 connections: httptools parsing, `FeatureServer.respond`, one write per response.
+
+uvicorn still runs the process (binding, workers, signals, lifespan, graceful shutdown); this protocol replaces
+its ASGI request cycle, which costs two socket writes and a dozen message dicts per response. Requests on one
+connection are answered in order (pipelining); a malformed request gets a 400 and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from http import HTTPStatus
+from typing import Any, Optional
+
+import httptools
+import orjson
+
+from serving.http_app import JSON, MAX_BODY_BYTES, FeatureServer
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def _feature_server(app: Any) -> FeatureServer:
+    """uvicorn may wrap the app in middleware; the protocol talks to the FeatureServer underneath."""
+    while not isinstance(app, FeatureServer):
+        app = getattr(app, "app", None)
+        if app is None:
+            raise TypeError("FeatureHttpProtocol serves serving.http_app.FeatureServer apps only")
+    return app
+
+
+class FeatureHttpProtocol(asyncio.Protocol):
+    """One per connection; built by uvicorn (`Config(http=FeatureHttpProtocol)`)."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: Any = None,
+                 _loop: Optional[asyncio.AbstractEventLoop] = None):
+        self.app = _feature_server(config.loaded_app)
+        self.loop = _loop or asyncio.get_event_loop()
+        self.connections = server_state.connections
+        self.keep_alive_s = config.timeout_keep_alive
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: Optional[asyncio.Transport] = None
+        self.pending: deque[tuple[str, bytes, Optional[bytes], bool]] = deque()
+        self.busy = False
+        self.closing = False
+        self.idle: Optional[asyncio.TimerHandle] = None
+        self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
+
+    # connection events
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.connections.add(self)
+        self.transport = transport  # type: ignore[assignment]
+        self._wait_idle()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.connections.discard(self)
+        self.closing = True
+        if self.idle is not None:
+            self.idle.cancel()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close now if idle, else after the responses in progress."""
+        self.closing = True
+        if not self.busy and self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse("protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._refuse(f"malformed HTTP request: {exc}")
+
+    # parser callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        if self.expect_continue:  # curl asks before sending bodies over 1 kB
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size <= MAX_BODY_BYTES:
+            self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        body = b"".join(self.chunks) if self.size <= MAX_BODY_BYTES else None
+        self.pending.append((self.parser.get_method().decode(), self.url, body, self.parser.should_keep_alive()))
+        if not self.busy:
+            self.busy = True
+            self.loop.create_task(self._answer())
+
+    # responses
+    async def _answer(self) -> None:
+        """Answer the pending requests of this connection in order, each with one write."""
+        transport = self.transport
+        while self.pending and not transport.is_closing():  # type: ignore[union-attr]
+            method, url, body, keep_alive = self.pending.popleft()
+            try:
+                path = httptools.parse_url(url).path.decode("latin-1")
+            except httptools.HttpParserInvalidURLError:
+                status, payload, kind = 400, orjson.dumps({"error": f"invalid URL {url[:200]!r}",
+                                                           "code": "bad_request"}), JSON
+            else:
+                status, payload, kind = await self.app.respond(method, path, body)
+            if transport.is_closing():  # type: ignore[union-attr]
+                break  # the client went away while we were answering
+            close = not keep_alive or self.closing
+            transport.write(_head(status, kind, len(payload), close)  # type: ignore[union-attr]
+                            + (b"" if method == "HEAD" else payload))
+            if close:
+                transport.close()  # type: ignore[union-attr]
+                break
+        self.busy = False
+        self._wait_idle()
+
+    def _refuse(self, message: str) -> None:
+        payload = orjson.dumps({"error": message, "code": "bad_request"})
+        self.transport.write(_head(400, JSON, len(payload), True) + payload)  # type: ignore[union-attr]
+        self.transport.close()  # type: ignore[union-attr]
+
+    def _wait_idle(self) -> None:
+        """Close keep-alive connections idle for `timeout_keep_alive` seconds."""
+        if not self.closing and not self.busy and self.transport is not None:
+            self.idle = self.loop.call_later(self.keep_alive_s, self.transport.close)
+
+
+def _head(status: int, kind: bytes, length: int, close: bool) -> bytes:
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n"
+            % (status, _REASONS.get(status, b""), kind, length, b"connection: close\r\n" if close else b""))

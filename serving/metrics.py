@@ -1,0 +1,57 @@
+"""Prometheus exposition of `ServerStats`: histograms whose bucket edges are exact HDR edges (powers of two
+microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors and requests in flight."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from serving.stats import POINTS, LatencyHistogram, ServerStats
+
+# 64 us .. 8.4 s: powers of two are bucket edges of the log-linear histogram, so these counts are exact
+BOUNDS_US = [1 << k for k in range(6, 24)]
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _histogram(name: str, doc: str, label: str, hists: dict[str, LatencyHistogram]) -> Iterator[Metric]:
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    quantiles = GaugeMetricFamily(f"{name.removesuffix('_seconds')}_quantile_seconds",
+                                  f"{doc}: percentiles from the log-linear histogram", labels=[label, "quantile"])
+    for value, hist in sorted(hists.items()):
+        buckets = [(f"{b / 1e6:.6f}", hist.count_below_us(b)) for b in BOUNDS_US] + [("+Inf", hist.total)]
+        family.add_metric([value], buckets, hist.sum_us / 1e6)
+        for p in POINTS:
+            quantiles.add_metric([value, f"{p / 100:g}"], hist.percentile_us(p) / 1e6)
+    yield family
+    yield quantiles
+
+
+class StatsCollector:
+    """Reads the (merged) server stats at scrape time; nothing is observed twice."""
+
+    def __init__(self, stats: ServerStats):
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats.merged()
+        yield from _histogram("featurectl_request_duration_seconds", "request latency per endpoint", "endpoint",
+                              stats.endpoints)
+        yield from _histogram("featurectl_feature_service_request_duration_seconds",
+                              "get-online-features latency per feature service (`-` for feature lists)",
+                              "feature_service", stats.services)
+        responses = CounterMetricFamily("featurectl_responses", "responses per endpoint and HTTP status",
+                                        labels=["endpoint", "status"])
+        for (endpoint, status), count in sorted(stats.responses.items()):
+            responses.add_metric([endpoint, str(status)], count)
+        yield responses
+        yield CounterMetricFamily("featurectl_redis_errors", "requests that failed on Redis (503)",
+                                  value=stats.redis_errors)
+        yield GaugeMetricFamily("featurectl_requests_in_flight", "requests being served now", value=stats.in_flight)
+
+
+def exposition(stats: ServerStats) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(stats))
+    return generate_latest(registry)

@@ -1,0 +1,73 @@
+"""The feature server's OpenAPI 3.1 document, written out (the app has no framework to derive it from)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"type": "object", "required": ["error", "code"], "properties": {
+    "error": {"type": "string", "description": "what was wrong and what to do"},
+    "code": {"type": "string", "examples": ["malformed_json", "unknown_feature", "bad_entities", "redis_unavailable"]},
+}}
+_REQUEST = {
+    "type": "object",
+    "required": ["entities"],
+    "properties": {
+        "features": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[^:]+:.+$"},
+                     "description": "feature references `view:feature`; give this or `feature_service`"},
+        "feature_service": {"type": "string", "minLength": 1, "description": "a feature service name"},
+        "entities": {"type": "object", "minProperties": 1, "description": "join key -> one value per row",
+                     "additionalProperties": {"type": "array", "maxItems": 10000,
+                                              "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}},
+        "full_feature_names": {"type": "boolean", "default": False,
+                               "description": "name columns `view__feature` instead of `feature`"},
+    },
+    "oneOf": [{"required": ["features"]}, {"required": ["feature_service"]}],
+}
+_RESPONSE = {"type": "object", "required": ["metadata", "results"], "properties": {
+    "metadata": {"type": "object", "properties": {"feature_names": {"type": "array", "items": {"type": "string"}}}},
+    "results": {"type": "array", "items": {"type": "object", "properties": {
+        "values": {"type": "array", "items": {}},
+        "statuses": {"type": "array", "items": {"enum": ["PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"]}},
+        "event_timestamps": {"type": "array", "items": {"type": "string", "format": "date-time"}},
+    }}},
+}}
+
+
+def _json(schema: Any) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _get(summary: str, ok: dict[str, Any], *extra: int) -> dict[str, Any]:
+    responses: dict[str, Any] = {"200": {"description": "OK", **ok}}
+    for code in extra:
+        responses[str(code)] = {"description": "Redis unreachable", **_json({"$ref": "#/components/schemas/Error"})}
+    return {"get": {"summary": summary, "responses": responses}}
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "featurectl feature server", "version": "1",
+             "description": "Feast-compatible online feature retrieval from Redis"},
+    "paths": {
+        "/get-online-features": {"post": {
+            "summary": "Feature values for entity rows (Feast's request and response shape)",
+            "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/GetOnlineFeaturesRequest"})},
+            "responses": {
+                "200": {"description": "values in request order", **_json(
+                    {"$ref": "#/components/schemas/GetOnlineFeaturesResponse"})},
+                "400": {"description": "malformed JSON, unknown feature or service, bad entity values",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+                "413": {"description": "body too large", **_json({"$ref": "#/components/schemas/Error"})},
+                "503": {"description": "Redis unreachable or too slow",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+            },
+        }},
+        "/health": _get("The process is up", _json({"type": "object"})),
+        "/ready": _get("Registry loaded and Redis answering", _json({"type": "object"}), 503),
+        "/metrics": _get("Prometheus metrics", {"content": {"text/plain": {"schema": {"type": "string"}}}}),
+        "/stats": _get("Latency percentiles per endpoint and feature service", _json({"type": "object"})),
+        "/openapi.json": _get("This document", _json({"type": "object"})),
+    },
+    "components": {"schemas": {"GetOnlineFeaturesRequest": _REQUEST, "GetOnlineFeaturesResponse": _RESPONSE,
+                               "Error": _ERROR}},
+}

@@ -1,0 +1,155 @@
+"""Redis Cluster: each key goes to the node owning its hash slot; all nodes are written before any is read, so a
+request costs one round trip per node in parallel, never one per key.
+
+The slot map comes from `CLUSTER SLOTS` and is reloaded when a node answers MOVED or ASK (resharding, failover);
+the request is then sent again (HMGET is idempotent). Routing and merging are shared by the sync and the async
+cluster; only the I/O differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Iterable
+
+import hiredis
+from redis.crc import key_slot
+
+from serving.errors import RedisUnavailableError
+from serving.redis_node import AsyncNode, RedisSettings, SyncNode, check_replies
+
+CLUSTER_SLOTS = hiredis.pack_command((b"CLUSTER", b"SLOTS"))
+_ATTEMPTS = 3
+_SLOTS = 16384
+
+
+class SlotMap:
+    """Hash slot -> (host, port) of the master serving it."""
+
+    def __init__(self, reply: list):
+        self.owner: list = [None] * _SLOTS
+        for start, end, master, *_ in reply:
+            address = (master[0].decode(), int(master[1]))
+            self.owner[start:end + 1] = [address] * (end - start + 1)
+        if None in self.owner:
+            raise RedisUnavailableError("the redis cluster does not cover all 16384 hash slots (CLUSTERDOWN?); "
+                                        "check `redis-cli cluster info`")
+
+    @property
+    def masters(self) -> set[tuple[str, int]]:
+        return set(self.owner)
+
+    def split(self, keys: list[bytes], commands: list[bytes]) -> list[tuple[tuple[str, int], list[int], list]]:
+        """(node, positions, commands) for each node that owns some of the keys."""
+        by_node: dict[tuple[str, int], list[int]] = {}
+        owner = self.owner
+        for i, key in enumerate(keys):
+            by_node.setdefault(owner[key_slot(key)], []).append(i)
+        return [(node, idx, [commands[i] for i in idx]) for node, idx in by_node.items()]
+
+
+def _merge(count: int, parts: Iterable[tuple[list[int], list]]) -> tuple[list, bool]:
+    """Replies back in request order, and whether some node redirected (MOVED/ASK: reload the slot map)."""
+    replies: list = [None] * count
+    redirected = False
+    for positions, part in parts:
+        for i, reply in zip(positions, part):
+            replies[i] = reply
+            if isinstance(reply, hiredis.ReplyError) and str(reply).startswith(("MOVED ", "ASK ")):
+                redirected = True
+    return replies, redirected
+
+
+def _redirect_error(settings: RedisSettings) -> RedisUnavailableError:
+    return RedisUnavailableError(f"redis cluster {settings.nodes} kept redirecting after {_ATTEMPTS} slot map "
+                                 "reloads; is it resharding? retry later")
+
+
+class SyncCluster:
+    def __init__(self, settings: RedisSettings):
+        self.settings = settings
+        self._nodes: dict[tuple[str, int], SyncNode] = {}
+        self.slots = self._load_slots()
+
+    def _node(self, address: tuple[str, int]) -> SyncNode:
+        node = self._nodes.get(address)
+        if node is None:
+            node = self._nodes[address] = SyncNode(self.settings, address)
+        return node
+
+    def _load_slots(self) -> SlotMap:
+        error: Exception = RedisUnavailableError("no cluster node configured")
+        for address in [*self._nodes, *self.settings.nodes]:
+            try:
+                return SlotMap(check_replies(self._node(address).execute([CLUSTER_SLOTS]), str(address))[0])
+            except RedisUnavailableError as exc:
+                error = exc
+        raise error
+
+    def read(self, keys: list[bytes], commands: list[bytes]) -> list:
+        for _ in range(_ATTEMPTS):
+            parts = [(self._node(a), idx, cmds) for a, idx, cmds in self.slots.split(keys, commands)]
+            pending = [(node, idx, node.send(cmds), len(cmds)) for node, idx, cmds in parts]
+            received, failure = [], None
+            for node, idx, sent, count in pending:  # read every node even if one fails: no connection left dirty
+                try:
+                    received.append((idx, node.receive(sent, count)))
+                except RedisUnavailableError as exc:
+                    failure = exc
+            if failure is not None:
+                raise failure
+            replies, redirected = _merge(len(commands), received)
+            if not redirected:
+                return check_replies(replies, "redis cluster")
+            self.slots = self._load_slots()
+        raise _redirect_error(self.settings)
+
+    def ping(self) -> None:
+        for address in self.slots.masters:
+            self._node(address).ping()
+
+    def close(self) -> None:
+        for node in self._nodes.values():
+            node.close()
+
+
+class AsyncCluster:
+    def __init__(self, settings: RedisSettings):
+        self.settings = settings
+        self._nodes: dict[tuple[str, int], AsyncNode] = {}
+        self.slots: SlotMap | None = None
+
+    def _node(self, address: tuple[str, int]) -> AsyncNode:
+        node = self._nodes.get(address)
+        if node is None:
+            node = self._nodes[address] = AsyncNode(self.settings, address)
+        return node
+
+    async def _load_slots(self) -> SlotMap:
+        error: Exception = RedisUnavailableError("no cluster node configured")
+        for address in [*self._nodes, *self.settings.nodes]:
+            try:
+                return SlotMap(check_replies(await self._node(address).execute([CLUSTER_SLOTS]), str(address))[0])
+            except RedisUnavailableError as exc:
+                error = exc
+        raise error
+
+    async def read(self, keys: list[bytes], commands: list[bytes]) -> list:
+        for _ in range(_ATTEMPTS):
+            if self.slots is None:
+                self.slots = await self._load_slots()
+            parts = self.slots.split(keys, commands)
+            results = await asyncio.gather(*(self._node(a).execute(cmds) for a, _, cmds in parts))
+            replies, redirected = _merge(len(commands), ((idx, r) for (_, idx, _), r in zip(parts, results)))
+            if not redirected:
+                return check_replies(replies, "redis cluster")
+            self.slots = None
+        raise _redirect_error(self.settings)
+
+    async def ping(self) -> None:
+        if self.slots is None:
+            self.slots = await self._load_slots()
+        await asyncio.gather(*(self._node(a).ping() for a in self.slots.masters))
+
+    async def close(self) -> None:
+        for node in self._nodes.values():
+            await node.close()

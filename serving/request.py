@@ -1,0 +1,126 @@
+"""One request against a plan: entity rows checked and encoded into HMGET commands, replies decoded into columns.
+
+Shared by the sync and the async client; only the I/O between `PreparedRequest(...)` and `finish` differs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Sequence
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dsl.types import ValueType
+from serving.errors import EntityError
+from serving.plan import Plan
+from serving.result import OnlineFeatures, ViewRows
+
+EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+_INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1)}
+
+
+def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
+    if isinstance(entity_rows, Mapping):
+        columns = {}
+        for key, values in entity_rows.items():
+            if not isinstance(values, (list, tuple)):
+                raise EntityError(f"entity `{key}` must be a list of values, one per row; got {type(values).__name__}")
+            columns[key] = list(values)
+        return columns
+    if not isinstance(entity_rows, (list, tuple)) or not all(isinstance(r, Mapping) for r in entity_rows):
+        raise EntityError("entity rows must be a mapping of join key -> list of values, or a list of "
+                          "{join key: value} rows")
+    keys = list(entity_rows[0]) if entity_rows else []
+    for i, row in enumerate(entity_rows):
+        if list(row) != keys and set(row) != set(keys):
+            raise EntityError(f"entity row {i} has keys {sorted(row)} but row 0 has {sorted(keys)}; "
+                              "give every row the same join keys")
+    return {key: [row[key] for row in entity_rows] for key in keys}
+
+
+def _check_values(key: str, kind: ValueType, values: list) -> None:
+    if kind is ValueType.STRING:
+        bad = next((i for i, v in enumerate(values) if type(v) is not str), None)
+    else:
+        low, high = _INT_RANGE[kind]
+        bad = next((i for i, v in enumerate(values) if type(v) is not int or not low <= v <= high), None)
+    if bad is not None:
+        value = values[bad]
+        out_of_range = kind is not ValueType.STRING and type(value) is int
+        raise EntityError(f"entity `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
+                          f"{value!r}" + (" (out of range)" if out_of_range else ""))
+
+
+def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType]) -> tuple[dict[str, list], int]:
+    """Entity rows as columns, checked against the join keys the plan needs; returns the columns and row count."""
+    columns = _as_columns(entity_rows)
+    missing = [k for k in join_keys if k not in columns]
+    if missing:
+        raise EntityError(f"entity rows lack join key(s) {', '.join(f'`{k}`' for k in missing)}, needed by the "
+                          f"requested features; pass them under `entities`")
+    extra = [k for k in columns if k not in join_keys]
+    if extra:
+        raise EntityError(f"unknown join key(s) {', '.join(f'`{k}`' for k in extra)}; the requested features "
+                          f"join on {', '.join(f'`{k}`' for k in join_keys)}")
+    lengths = {len(v) for v in columns.values()}
+    if len(lengths) > 1:
+        raise EntityError(f"entity columns have different lengths ({sorted(lengths)}); give one value per row "
+                          "for every join key")
+    for key, kind in join_keys.items():
+        _check_values(key, kind, columns[key])
+    return {k: columns[k] for k in join_keys}, lengths.pop() if lengths else 0
+
+
+class PreparedRequest:
+    """The keys and packed commands of one request (group by group), and how to turn replies into columns."""
+
+    def __init__(self, plan: Plan, entity_rows: EntityRows):
+        self.plan = plan
+        self.entities, self.rows = entity_columns(entity_rows, plan.join_keys)
+        self.keys: list[bytes] = []
+        self.commands: list[bytes] = []
+        if self.rows:
+            for group in plan.groups:
+                keys = group.encoder.keys([self.entities[k] for k in group.encoder.order])
+                self.keys += keys
+                self.commands += group.commands(keys)
+
+    def finish(self, replies: list) -> OnlineFeatures:
+        """Decode the replies (one per command, in order); stale or missing views come back as None."""
+        n, now_ms = self.rows, time.time() * 1000
+        plan = self.plan
+        if not n:
+            nothing = ViewRows([], [], [])
+            return OnlineFeatures(self.entities, plan.names, {name: [] for name in plan.names}, plan.kinds,
+                                  {name: nothing for name in plan.names})
+        values: dict[str, list] = {}
+        rows_of: dict[str, ViewRows] = {}
+        for g, group in enumerate(self.plan.groups):
+            by_field = list(zip(*replies[g * n:(g + 1) * n]))  # one tuple per field, over the rows
+            for read in group.views:
+                rows = _view_rows(by_field[read.ts_pos], read.view.ttl_ms, now_ms)
+                invalid = rows.missing + rows.stale
+                for batch in read.batches:  # feature-major: all rows of the first feature, then the next
+                    flat = batch.decode([raw for pos in batch.positions for raw in by_field[pos]])
+                    for k, name in enumerate(batch.names):
+                        column = flat[k * n:(k + 1) * n]
+                        for i in invalid:
+                            column[i] = None
+                        values[name] = column
+                        rows_of[name] = rows
+        return OnlineFeatures(self.entities, plan.names, values, plan.kinds, rows_of)
+
+
+def _view_rows(ts_raw: Sequence, ttl_ms: int | None, now_ms: float) -> ViewRows:
+    missing = [i for i, raw in enumerate(ts_raw) if raw is None]
+    stale = []
+    if ttl_ms:
+        # protobuf's C parser: 5x faster than a varint loop in Python, and 100 entities x 2 views is 200 stamps
+        oldest, parse = now_ms - ttl_ms, Timestamp.FromString
+        for i, raw in enumerate(ts_raw):
+            if raw is not None:
+                ts = parse(raw)
+                if ts.seconds * 1000 + ts.nanos // 1_000_000 < oldest:
+                    stale.append(i)
+    return ViewRows(ts_raw, missing, stale)

@@ -1,0 +1,118 @@
+"""The answer to one request: columns in request order, and Feast's statuses and event timestamps on demand."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from dsl.types import ValueType
+
+EPOCH = "1970-01-01T00:00:00Z"
+PRESENT, NULL_VALUE, NOT_FOUND, OUTSIDE_MAX_AGE = "PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"
+_FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
+
+
+def rfc3339(raw: Optional[bytes]) -> str:
+    """A serialized protobuf Timestamp as Feast's feature server prints it (Z suffix, adaptive precision)."""
+    if not raw:
+        return EPOCH
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    ts = Timestamp.FromString(raw)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts.seconds))
+    nanos = ts.nanos
+    if nanos == 0:
+        return base + "Z"
+    if nanos % 1_000_000 == 0:
+        return f"{base}.{nanos // 1_000_000:03d}Z"
+    if nanos % 1_000 == 0:
+        return f"{base}.{nanos // 1_000:06d}Z"
+    return f"{base}.{nanos:09d}Z"
+
+
+@dataclass
+class ViewRows:
+    """Per row of one view: its raw `_ts`, which rows were missing and which were older than the view's ttl."""
+
+    ts_raw: Sequence
+    missing: list[int]
+    stale: list[int]
+    _timestamps: Optional[list[str]] = field(default=None, repr=False)
+
+    def timestamps(self) -> list[str]:
+        if self._timestamps is None:
+            cache: dict[Any, str] = {}
+            self._timestamps = [cache[raw] if raw in cache else cache.setdefault(raw, rfc3339(raw))
+                                for raw in self.ts_raw]
+        return self._timestamps
+
+    def statuses(self, values: list) -> list[str]:
+        if not self.missing and not self.stale and None not in values:
+            return [PRESENT] * len(values)
+        out = [PRESENT if v is not None else NULL_VALUE for v in values]
+        for i in self.missing:
+            out[i] = NOT_FOUND
+        for i in self.stale:
+            out[i] = OUTSIDE_MAX_AGE
+        return out
+
+
+def _json_floats(values: list) -> list:
+    """NaN and infinities as the strings protobuf's JSON mapping (and Feast) use: they are not JSON numbers."""
+    if all(math.isfinite(v) for v in values if v is not None):
+        return values
+    return [v if v is None or math.isfinite(v) else ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
+            for v in values]
+
+
+class OnlineFeatures:
+    """Entity columns first, then the requested features in request order (Feast's `OnlineResponse` shape)."""
+
+    def __init__(self, entities: dict[str, list], names: list[str], values: dict[str, list],
+                 kinds: dict[str, Optional[ValueType]], rows_of: dict[str, ViewRows]):
+        self.entities = entities
+        self.names = names
+        self.values = values
+        self.kinds = kinds
+        self.rows_of = rows_of
+
+    def to_dict(self) -> dict[str, list]:
+        out = dict(self.entities)
+        for name in self.names:
+            out[name] = self.values[name]
+        return out
+
+    def to_arrow(self):
+        import pyarrow as pa
+
+        arrays = {}
+        for name, values in self.to_dict().items():
+            kind = self.kinds.get(name)
+            arrays[name] = pa.array(values, type=kind.arrow_type() if kind else None)
+        return pa.table(arrays)
+
+    def to_pandas(self):
+        return self.to_arrow().to_pandas()
+
+    def to(self, output: str) -> Any:
+        if output == "dict":
+            return self.to_dict()
+        if output == "arrow":
+            return self.to_arrow()
+        if output == "pandas":
+            return self.to_pandas()
+        raise ValueError(f"unknown `output` {output!r}: use 'dict', 'arrow' or 'pandas'")
+
+    def to_feast_response(self) -> dict[str, Any]:
+        """Feast feature server's JSON body: metadata.feature_names and one result per column."""
+        results = []
+        for values in self.entities.values():
+            results.append({"values": values, "statuses": [PRESENT] * len(values),
+                            "event_timestamps": [EPOCH] * len(values)})
+        for name in self.names:
+            values, rows = self.values[name], self.rows_of[name]
+            results.append({"values": _json_floats(values) if self.kinds[name] in _FLOATS else values,
+                            "statuses": rows.statuses(values), "event_timestamps": rows.timestamps()})
+        return {"metadata": {"feature_names": [*self.entities, *self.names]}, "results": results}

@@ -1,0 +1,63 @@
+"""Running the feature server: uvicorn on the uvloop event loop runs the processes (one or several workers sharing
+the listening socket, signals, lifespan); `serving.http_protocol` handles the HTTP connections."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from serving.client import AsyncOnlineClient
+from serving.http_app import FeatureServer
+from serving.stats import ServerStats
+
+logger = logging.getLogger(__name__)
+
+# Workers are separate processes started by uvicorn: they learn their settings from the environment.
+ENV_REPO, ENV_REGISTRY = "FEATURECTL_SERVE_REPO", "FEATURECTL_SERVE_REGISTRY"
+ENV_TIMEOUT, ENV_STATS_DIR = "FEATURECTL_SERVE_TIMEOUT_S", "FEATURECTL_SERVE_STATS_DIR"
+
+
+def _without_torch() -> None:
+    """Feast imports torch eagerly (`feast.torch_wrapper`, for its vector-search helpers): about 4 s of start-up and
+    750 MB per worker (measured: 935 MB -> 175 MB RSS). The feature server never uses it, so before Feast is
+    imported it marks torch as absent, which Feast handles (`TORCH_AVAILABLE = False`)."""
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+
+
+def create_app() -> FeatureServer:
+    """The app of one worker (uvicorn's factory)."""
+    _without_torch()
+    repo, registry = os.environ[ENV_REPO], os.environ.get(ENV_REGISTRY) or None
+    timeout_s = float(os.environ.get(ENV_TIMEOUT, "1.0"))
+    stats_dir = os.environ.get(ENV_STATS_DIR)
+
+    def make_client() -> AsyncOnlineClient:
+        return AsyncOnlineClient.from_repo(repo, registry=registry, timeout_s=timeout_s)
+
+    return FeatureServer(make_client, ServerStats(Path(stats_dir) if stats_dir else None))
+
+
+def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: int = 6566, workers: int = 1,
+          timeout_s: float = 1.0) -> None:
+    """Serve until interrupted. `timeout_s` bounds every wait on Redis (a request then gets 503)."""
+    import uvicorn
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s: reachable from other machines; the server has no authentication", host)
+    stats_dir = tempfile.mkdtemp(prefix="featurectl-serve-stats-") if workers > 1 else None
+    os.environ.update({ENV_REPO: str(repo), ENV_REGISTRY: registry or "", ENV_TIMEOUT: str(timeout_s)})
+    if stats_dir:
+        os.environ[ENV_STATS_DIR] = stats_dir
+    try:
+        uvicorn.run("serving.server:create_app", factory=True, host=host, port=port, workers=workers,
+                    loop="uvloop", http="serving.http_protocol:FeatureHttpProtocol", lifespan="on",
+                    access_log=False, log_level="info", timeout_keep_alive=30, proxy_headers=False)
+    finally:
+        if stats_dir:
+            shutil.rmtree(stats_dir, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""Helpers of the serving tests: a private feature repo, private redis-servers (single or a 3-node cluster)
+started on free ports and stopped by pid, Feast's own writes, and our server as a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(100):
+        port = random.randint(20000, 45000)
+        with contextlib.suppress(OSError), socket.socket() as first, socket.socket() as bus:
+            first.bind(("127.0.0.1", port))
+            bus.bind(("127.0.0.1", port + 10000))
+            return port
+    raise RuntimeError("no free port pair for a redis cluster node")
+
+
+def make_repo(folder: Path, project: str, connection_string: str, redis_type: str = "redis"):
+    """The example repo's definitions under `project`, registered in a SQLite registry; returns (repo, store)."""
+    from feast import FeatureStore
+
+    from featurectl.config import load_config
+    from featurectl.repo_commands import compile_repo
+
+    repo = folder / project
+    repo.mkdir(parents=True)
+    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
+    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
+    settings.pop("platform", None)
+    settings["project"] = project
+    settings["registry"]["path"] = f"sqlite:///{folder / project}.db"
+    settings["online_store"] = {"type": "redis", "redis_type": redis_type, "connection_string": connection_string}
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    cfg = load_config(repo)
+    _, objects, _ = compile_repo(cfg)
+    store = FeatureStore(config=cfg.feast_repo_config())
+    store.apply(objects.all())
+    return repo, store
+
+
+def _wait_for_ping(port: int, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            if sock.recv(16).startswith(b"+PONG"):
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server on port {port} did not answer PING within {timeout_s}s")
+
+
+class RedisServer:
+    """A redis-server of the test's own, on its own port and folder; stopped (or frozen) by its pid."""
+
+    def __init__(self, folder: Path, port: Optional[int] = None, cluster: bool = False):
+        self.port = port or (_free_cluster_port() if cluster else free_port())
+        self.folder = folder / f"redis-{self.port}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.folder)]
+        if cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.folder / "nodes.conf")]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_for_ping(self.port)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def freeze(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+@contextlib.contextmanager
+def redis_cluster(folder: Path, nodes: int = 3) -> Iterator[list[RedisServer]]:
+    """Three cluster-enabled redis-servers joined with `redis-cli --cluster create`, masters only."""
+    servers: list[RedisServer] = []
+    try:
+        for _ in range(nodes):
+            servers.append(RedisServer(folder, cluster=True))
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{s.port}" for s in servers),
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while b"cluster_state:ok" not in subprocess.run(
+                ["redis-cli", "-p", str(servers[0].port), "cluster", "info"], capture_output=True).stdout:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test redis cluster did not reach cluster_state:ok in 30s")
+            time.sleep(0.2)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def feast_rows(store, view_name: str, values: dict[str, dict], event_time: Optional[dt.datetime] = None):
+    """Write rows with Feast's own `write_to_online_store`: `values` maps asset_id -> {feature: value}."""
+    import pandas as pd
+
+    view = store.get_feature_view(view_name)
+    when = event_time or dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    frame = pd.DataFrame({"asset_id": list(values), "event_timestamp": [when] * len(values),
+                          **{f.name: [row.get(f.name) for row in values.values()] for f in view.features}})
+    store.write_to_online_store(view_name, frame)
+
+
+@contextlib.contextmanager
+def feature_server(repo: Path, port: int, *args: str) -> Iterator[str]:
+    """`featurectl serve` on `port` until the block ends; yields its base URL once /health answers."""
+    log = repo.parent / f"server-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), "serve", "--port",
+                                    str(port), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"featurectl serve did not start:\n{log.read_text()}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

@@ -16,7 +16,8 @@ def _step(title: str) -> None:
 @click.option("--events-per-day", default=50_000, show_default=True)
 @click.pass_context
 def demo(click_ctx: click.Context, days: int, events_per_day: int) -> None:
-    """Start the services, generate data, plan and apply the example repo, run a batch tile query."""
+    """Start the services, generate data, plan and apply the example repo, run a batch tile query, generate a
+    mesh conditioned on an asset's features."""
     from featurectl import datagen, repo_commands, services
 
     ctx = click_ctx.obj
@@ -30,6 +31,11 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int) -> None:
     click_ctx.invoke(repo_commands.apply)
     _step("batch: tiles of asset_activity from the Parquet history (Flink batch mode)")
     _show_tiles(ctx.config())
+    _step("generate: a wooden version of one asset (tiny model on the CPU, v0.1 on a GPU)")
+    from featurectl.generate_commands import demo_generation
+
+    cfg = ctx.config()
+    demo_generation(cfg, out=cfg.state_dir / "demo_asset.glb")
 
 
 def _show_tiles(cfg) -> None:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ from inference.config import Cube3DConfig
 from inference.errors import GenerationError
 from inference.model import Cube3DDecoder
 from inference.ops import TorchOps
-from inference.sampling import choose, guide
+from inference.sampling import choose, guide, row_seeds
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Engine:
         self.scale = torch.zeros(1, dtype=torch.float64, device=dev)
         self.n_total = torch.zeros(1, dtype=torch.long, device=dev)
         self.top_p = torch.ones(1, dtype=torch.float32, device=dev)
-        self.seed = torch.zeros(1, dtype=torch.long, device=dev)
+        self.seed = torch.zeros(self.buckets[-1], 1, dtype=torch.long, device=dev)  # one per prompt row
 
     # ---- public API ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -170,18 +170,21 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, cond: Tensor, uncond: Tensor | None = None, n_tokens: int | None = None,
-                 guidance_scale: float | None = None, top_p: float | None = None, seed: int = 0) -> Tensor:
+                 guidance_scale: float | None = None, top_p: float | None = None,
+                 seed: int | Sequence[int] = 0) -> Tensor:
         """Shape token ids [P, N] (int64, on the CPU) for P prompts.
 
         cond: [P, S, D] condition tokens (see `condition`); uncond: [P or 1, S, D], the empty prompt's (with a
-        zero bbox), needed when guidance is on. Greedy (argmax) unless `top_p` is given.
+        zero bbox), needed when guidance is on. Greedy (argmax) unless `top_p` is given. `seed`: one for the call,
+        or one per prompt (a prompt then samples the same tokens whatever else shares its batch).
         """
         n, scale = self._check(cond, uncond, n_tokens, guidance_scale, top_p)
         outs, stats = [], []
         for start in range(0, cond.shape[0], self.buckets[-1]):
             chunk = cond[start:start + self.buckets[-1]]
             un = None if uncond is None else (uncond if uncond.shape[0] == 1 else uncond[start:start + len(chunk)])
-            outs.append(self._generate_bucket(chunk, un, n, scale, top_p, seed + start))
+            seeds = seed + start if isinstance(seed, int) else row_seeds(seed[start:start + len(chunk)])
+            outs.append(self._generate_bucket(chunk, un, n, scale, top_p, seeds))
             stats.append(self.last_stats)
         self.last_stats = GenerationStats(cond.shape[0], sum(s.rows for s in stats), n,
                                           sum(s.prefill_s for s in stats), sum(s.decode_s for s in stats))
@@ -208,7 +211,7 @@ class Engine:
 
     # ---- one bucket ------------------------------------------------------------------------------
     def _generate_bucket(self, cond: Tensor, uncond: Tensor | None, n: int, scale: float, top_p: float | None,
-                         seed: int) -> Tensor:
+                         seed: int | list[int]) -> Tensor:
         prompts = cond.shape[0]
         bucket = next(b for b in self.buckets if b >= prompts)
         guided, sampling = scale > 0, top_p is not None
@@ -219,7 +222,10 @@ class Engine:
         self.scale.fill_(scale)
         self.n_total.fill_(n)
         self.top_p.fill_(1.0 if top_p is None else top_p)
-        self.seed.fill_(seed & 0x7FFFFFFF)
+        if isinstance(seed, int):
+            self.seed.fill_(seed & 0x7FFFFFFF)
+        else:
+            self.seed[:prompts, 0].copy_(torch.tensor(seed, dtype=torch.long))
         prefill = self._runner("prefill", bucket, guided, sampling)
         step = self._runner("step", bucket, guided, sampling)
         with self._timer() as marks:
@@ -280,7 +286,7 @@ class Engine:
     def _advance(self, logits: Tensor, prompts: int, guided: bool, sampling: bool) -> None:
         """Guidance, token choice, bookkeeping: ids[:, pos] = token; x_buf = its embedding; pos += 1."""
         g = guide(logits, prompts, guided, self.scale, self.pos, self.n_total)   # [P, V] float32
-        nxt = choose(g, self.top_p if sampling else None, self.seed, self.pos)   # [P]
+        nxt = choose(g, self.top_p if sampling else None, self.seed[:prompts], self.pos)   # [P]
         self.ids[:prompts].index_copy_(1, self.pos, nxt.unsqueeze(1))
         emb = self.model.embed(nxt)                                              # [P, D]
         self.x_buf[:prompts].copy_(emb)

@@ -60,17 +60,18 @@ def grid_points(resolution: int, bounds: float, start: int, count: int, device: 
     return ijk * (2 * bounds / (g - 1)) - bounds
 
 
-def marching_cubes(grid: np.ndarray, bounds: float) -> tuple[np.ndarray, np.ndarray]:
+def marching_cubes(grid: np.ndarray, bounds: float, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Surface of `grid` (occupancy logits [G, G, G]) at level 0, in the grid's world coordinates.
 
     Vertex scaling and face winding follow the released tokenizer (index / G * size + min; faces reversed).
+    `mask` (bool [G, G, G]) limits the work to the cubes it marks, where the surface is known to lie.
     """
     from skimage import measure
 
     if not grid.min() < 0.0 < grid.max():
         raise MeshError(f"occupancy has no zero crossing (logits in [{grid.min():.3g}, {grid.max():.3g}]): "
                         "the tokens decode to an empty or full volume")
-    verts, faces, _, _ = measure.marching_cubes(grid, 0.0, method="lewiner")
+    verts, faces, _, _ = measure.marching_cubes(grid, 0.0, method="lewiner", mask=mask)
     size = grid.shape[0]
     verts = verts / size * (2 * bounds) - bounds
     return verts.astype(np.float32), np.ascontiguousarray(faces[:, ::-1]).astype(np.int64)

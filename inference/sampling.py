@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
+_SEED_MUL, _POS_MUL, _ROW_MUL = 0x27D4EB2F, 0x165667B1, 0x61C88647
 
 
 def guide(logits: Tensor, prompts: int, guided: bool, scale: Tensor, pos: Tensor, n_total: Tensor) -> Tensor:
@@ -29,11 +32,21 @@ def uniform(seed: Tensor, pos: Tensor, rows: int, cols: int) -> Tensor:
     """
     r = torch.arange(rows, device=pos.device).unsqueeze(1)
     c = torch.arange(cols, device=pos.device).unsqueeze(0)
-    x = (seed * 0x27D4EB2F + pos * 0x165667B1 + r * 0x61C88647 + c) & _MASK32
+    x = (seed * _SEED_MUL + pos * _POS_MUL + r * _ROW_MUL + c) & _MASK32
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
     x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _MASK32
     x = x ^ (x >> 16)
     return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def row_seeds(seeds: Sequence[int]) -> list[int]:
+    """Seed values for the rows of one batch such that row i draws exactly what row 0 draws alone with seeds[i].
+
+    The hash mixes `seed * _SEED_MUL + row * _ROW_MUL`; _SEED_MUL is odd, hence invertible modulo 2^32, so the row
+    term can be folded into the seed. A request's sampled tokens then do not depend on its slot in a batch.
+    """
+    inverse = pow(_SEED_MUL, -1, 1 << 32)
+    return [(int(s) - i * _ROW_MUL * inverse) & _MASK32 for i, s in enumerate(seeds)]
 
 
 def top_p_sample(logits: Tensor, top_p: Tensor, seed: Tensor, pos: Tensor) -> Tensor:

@@ -1,0 +1,174 @@
+"""One batch of requests through the models: features, text, condition, tokens, occupancy grids; stages timed.
+
+The GPU work of a batch runs on one thread (the service's worker); what follows the occupancy grid (marching
+cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the GPU takes the next object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from inference.engine import Engine
+from inference.mesh import ShapeDecoder
+from inference.occupancy import coarse_to_fine, shape_field
+from inference.service.conditioning import (AssetFeatureFetcher, AssetFeatures, AssetProjection, asset_vector,
+                                            bbox_condition)
+from inference.service.config import ServiceConfig
+from inference.service.meshing import MeshOutput, SharedGrid
+from inference.service.text_encoder import TextEncoder, random_clip
+
+log = logging.getLogger(__name__)
+
+# words of the random text tower's tokenizer (tests and speed runs); a real CLIP folder brings its own
+RANDOM_WORDS = ("a an the of with and in wooden metal stone glass red blue green old new small large tall chair "
+                "table car house tree lamp sword shield cup vase boat robot dragon version style low poly").split()
+
+
+@dataclass
+class GenerationRequest:
+    """What a caller asks for. `seed` matters with `top_p` (greedy decoding ignores it)."""
+
+    prompt: str
+    asset_id: str | None = None
+    seed: int = 0
+    top_p: float | None = None
+    timeout_s: float | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    arrived: float = field(default_factory=time.perf_counter)
+
+    @property
+    def batch_key(self) -> float | None:
+        """Requests batch together only when the engine can run them in one call (same token choice)."""
+        return self.top_p
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    glb: bytes
+    vertices: int
+    faces: int
+    stages: dict[str, float]                 # seconds per stage, `total` included
+    bbox: list[float] | None                 # the bbox condition used (None: none, or the zero fallback)
+    fallback: str | None                     # why asset features were not used, if they were not
+    batch_size: int = 1
+
+
+@dataclass
+class GridJob:
+    """An occupancy grid in shared memory, ready for marching cubes (the mesh pool's work item)."""
+
+    request: GenerationRequest
+    grid: SharedGrid
+    stages: dict[str, float]
+    features: AssetFeatures | None
+    bbox: list[float] | None
+    batch_size: int
+
+
+class Pipeline:
+    """The models of one service, loaded once; `run_batch` does a batch's GPU work."""
+
+    def __init__(self, cfg: ServiceConfig, fetcher: AssetFeatureFetcher | None = None):
+        self.cfg = cfg
+        self.device, self.dtype = cfg.torch_device, cfg.dtype
+        self.fetcher = fetcher or AssetFeatureFetcher(None)                 # no store: asset requests fall back
+        self.shapes = ShapeDecoder(cfg.model, cfg.shape_weights, self.device, self.dtype,
+                                   init_std=0.02 if cfg.model != "tiny" else 0.3)
+        self.engine = Engine(cfg.model, cfg.gpt_weights, self.device, self.dtype, batch_buckets=cfg.batch_buckets,
+                             codebook=self.shapes.codebook(), init_std=0.02 if cfg.model != "tiny" else 0.1)
+        mcfg = self.engine.cfg
+        self.text = self._text_encoder()
+        self.assets = AssetProjection(mcfg.n_embd).to(self.device, self.dtype)
+        if cfg.asset_projection:
+            self.assets.load(cfg.asset_projection)
+        empty_bbox = torch.zeros(1, 3) if mcfg.use_bbox else None
+        self.uncond = self.engine.condition(self.text.empty(), empty_bbox)      # [1, S, D], computed once
+
+    def _text_encoder(self) -> TextEncoder:
+        mcfg, cfg = self.engine.cfg, self.cfg
+        if cfg.text_encoder:
+            return TextEncoder.from_path(cfg.text_encoder, mcfg.text_tokens, self.device, self.dtype)
+        log.warning("no `text_encoder` folder configured: using a random CLIP text tower (speed runs and tests)")
+        vocab = 49408 if mcfg.text_model_embed_dim == 768 else None
+        model, tokenizer = random_clip(RANDOM_WORDS, mcfg.text_model_embed_dim, cfg.random_text_layers,
+                                       mcfg.text_tokens, vocab_size=vocab)
+        return TextEncoder(model, tokenizer, mcfg.text_tokens, self.device, self.dtype)
+
+    def _field(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        field = shape_field(self.shapes, ids)
+        if self.cfg.shape_weights is not None:
+            return field
+        # random tokenizer weights put each object's logits at their own offset, often all of one sign: centre
+        # them on the median of a 17^3 grid so that speed runs and tests get a surface (released weights do not
+        # take this path)
+        offset = coarse_to_fine(field, 4, self.shapes.cfg.bounds, self.device, levels=0).values.median()
+        return lambda points: field(points) - offset
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def condition(self, requests: list[GenerationRequest],
+                  features: list[AssetFeatures | None]) -> tuple[Tensor, list[list[float] | None]]:
+        """Condition tokens [P, S, D] and the bbox condition of each request (None where it has none)."""
+        mcfg, size = self.engine.cfg, self.cfg.bbox_max_size
+        text = self.text.encode([r.prompt for r in requests])
+        boxes = [bbox_condition(f.bbox if f else None, size) for f in features]
+        cond = self.engine.condition(text, torch.stack(boxes) if mcfg.use_bbox else None)
+        vectors = torch.stack([asset_vector(f, size) for f in features]).to(self.device, self.dtype)
+        cond = cond + self.assets(vectors).unsqueeze(1)                  # zero until the projection is trained
+        used = [b.tolist() if mcfg.use_bbox and f is not None and f.bbox else None for b, f in zip(boxes, features)]
+        return cond, used
+
+    def run_batch(self, requests: list[GenerationRequest], emit: Callable[[GridJob], None]) -> None:
+        """Fetch, encode, generate for the whole batch; then one occupancy grid per object, handed to `emit`."""
+        stages: dict[str, float] = {}
+        t0 = time.perf_counter()
+        wanted = [r.asset_id for r in requests if r.asset_id]
+        found = iter(self.fetcher.fetch(wanted))
+        features = [next(found) if r.asset_id else None for r in requests]
+        t1 = time.perf_counter()
+        if wanted:
+            stages["fetch"] = t1 - t0
+        cond, boxes = self.condition(requests, features)
+        self._sync()
+        stages["text"] = time.perf_counter() - t1
+        ids = self.engine.generate(cond, self.uncond, top_p=requests[0].top_p, seed=[r.seed for r in requests])
+        stats = self.engine.last_stats
+        stages["prefill"], stages["decode"] = stats.prefill_s, stats.decode_s
+        for i, request in enumerate(requests):
+            job = self.occupancy(request, ids[i], dict(stages), features[i], boxes[i], len(requests))
+            emit(job)
+
+    @torch.no_grad()
+    def occupancy(self, request: GenerationRequest, ids: Tensor, stages: dict[str, float],
+                  features: AssetFeatures | None, bbox: list[float] | None, batch_size: int) -> GridJob:
+        t0 = time.perf_counter()
+        grid = coarse_to_fine(self._field(ids), self.cfg.resolution, self.shapes.cfg.bounds, self.device,
+                              levels=self.cfg.coarse_levels)
+        self._sync()
+        t1 = time.perf_counter()
+        shared = SharedGrid(grid.values.shape[0])
+        torch.from_numpy(shared.values).copy_(grid.values)              # device -> shared memory, one copy
+        torch.from_numpy(shared.surface).copy_(grid.surface)
+        stages["shape_decode"] = t1 - t0
+        stages["to_host"] = time.perf_counter() - t1
+        return GridJob(request, shared, stages, features, bbox, batch_size)
+
+
+def result_of(job: GridJob, mesh: MeshOutput) -> GenerationResult:
+    stages = job.stages
+    stages["meshing"] = stages.pop("to_host") + mesh.marching_cubes_s
+    stages["export"] = mesh.export_s
+    fallback = job.features.fallback if job.features else None
+    return GenerationResult(job.request.id, mesh.glb, mesh.vertices, mesh.faces, stages, job.bbox, fallback,
+                            job.batch_size)

@@ -1,0 +1,229 @@
+"""The generation service: a bounded queue, dynamic batching into the engine's buckets, deadlines, stage stats.
+
+    service = GenerationService(ServiceConfig.from_name("v0.1", text_encoder="clip-vit-large-patch14"),
+                                make_client=lambda: OnlineClient.from_repo("feature_repo"))
+    result = service.generate(GenerationRequest("a wooden chair", asset_id="asset_000042"))   # .glb bytes
+
+One worker thread owns the GPU. It takes the oldest request, waits up to `max_batch_wait_ms` for more that can
+share the engine call (same token choice), up to the largest batch bucket, and runs the batch: one feature fetch,
+one text encoding, one `Engine.generate`, then one occupancy grid per object. Marching cubes and the GLB export of
+an object run in a worker process (`meshing.MeshPool`) while the GPU goes on with the next object or batch. A full
+queue is refused at once (`QueueFullError`, HTTP 429); a request whose deadline passes while it waits is dropped
+before it costs GPU time (`RequestTimeoutError`).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from inference.errors import Cube3DError
+from inference.service.conditioning import AssetFeatureFetcher
+from inference.service.config import ServiceConfig
+from inference.service.metrics import ServiceStats
+from inference.service.meshing import MeshOutput, MeshPool
+from inference.service.pipeline import GenerationRequest, GenerationResult, GridJob, Pipeline, result_of
+
+log = logging.getLogger(__name__)
+
+MAX_PROMPT_CHARS = 1000
+
+
+class ServiceError(Cube3DError):
+    """Base of the service's request errors; `status` is the HTTP status they map to."""
+
+    status = 500
+    code = "generation_failed"
+
+
+class BadRequestError(ServiceError, ValueError):
+    status, code = 400, "bad_request"
+
+
+class QueueFullError(ServiceError):
+    status, code = 429, "queue_full"
+
+
+class RequestTimeoutError(ServiceError, TimeoutError):
+    status, code = 504, "timeout"
+
+
+class ServiceClosedError(ServiceError):
+    status, code = 503, "closed"
+
+
+def check_request(request: GenerationRequest, max_timeout_s: float) -> None:
+    """Raise `BadRequestError` naming the field and the fix; the HTTP layer and the CLI both call this."""
+    if not isinstance(request.prompt, str) or not request.prompt.strip():
+        raise BadRequestError("`prompt` must be a non-empty string, e.g. \"a wooden chair\"")
+    if len(request.prompt) > MAX_PROMPT_CHARS:
+        raise BadRequestError(f"`prompt` has {len(request.prompt)} characters; at most {MAX_PROMPT_CHARS}")
+    if request.asset_id is not None and (not isinstance(request.asset_id, str) or not request.asset_id):
+        raise BadRequestError("`asset_id` must be a non-empty string (or left out)")
+    if type(request.seed) is not int or not 0 <= request.seed < 2 ** 31:
+        raise BadRequestError(f"`seed` must be an integer in [0, 2^31), got {request.seed!r}")
+    if request.top_p is not None and (type(request.top_p) not in (int, float) or not 0 < request.top_p <= 1):
+        raise BadRequestError(f"`top_p` must be in (0, 1] (or left out for greedy decoding), got {request.top_p!r}")
+    t = request.timeout_s
+    if t is not None and (type(t) not in (int, float) or not 0 < t <= max_timeout_s):
+        raise BadRequestError(f"`timeout_s` must be in (0, {max_timeout_s:g}], got {t!r}")
+
+
+class GenerationService:
+    """Owns the pipeline, the queue, the GPU worker and the mesh threads. `submit` is safe from any thread."""
+
+    def __init__(self, cfg: ServiceConfig, make_client: Callable[[], Any] | None = None,
+                 pipeline: Pipeline | None = None):
+        self.cfg = cfg
+        self.fetcher = AssetFeatureFetcher(make_client, cfg.feature_service)
+        self.fetcher.connect()                                  # reads the registry now, not in a request
+        self.pipeline = pipeline or Pipeline(cfg, self.fetcher)
+        self.pipeline.fetcher = self.fetcher
+        self.stats = ServiceStats()
+        self.stats.fallbacks = self.fetcher.fallbacks
+        self.max_batch = max(cfg.batch_buckets)
+        self._queue: collections.deque[tuple[GenerationRequest, Future]] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._mesh_pool = MeshPool(cfg.mesh_workers)
+        self._worker = threading.Thread(target=self._run, name="cube3d-gpu", daemon=True)
+        self._worker.start()
+
+    # ---- callers ---------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
+        """Queue a request; raises `BadRequestError` or `QueueFullError` at once, never blocks."""
+        check_request(request, 10 * self.cfg.timeout_s)
+        future: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise ServiceClosedError("the generation service is shutting down; retry on another instance")
+            if len(self._queue) >= self.cfg.queue_size:
+                self.stats.count("rejected")
+                raise QueueFullError(f"the generation queue is full ({self.cfg.queue_size} requests waiting); "
+                                     "retry in a few seconds, or start the service with a larger `queue_size`")
+            self._queue.append((request, future))
+            self.stats.queue_depth = len(self._queue)
+            self._cv.notify()
+        return future
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Submit and wait (the CLI's and the benchmark's path)."""
+        future = self.submit(request)
+        try:
+            return future.result(timeout=self.deadline(request) - time.perf_counter() + 1.0)
+        except RequestTimeoutError:
+            raise
+        except TimeoutError:
+            raise RequestTimeoutError(f"no result within {self.timeout(request):g}s; retry later or with a larger "
+                                      "`timeout_s`") from None
+
+    def timeout(self, request: GenerationRequest) -> float:
+        return request.timeout_s or self.cfg.timeout_s
+
+    def deadline(self, request: GenerationRequest) -> float:
+        return request.arrived + self.timeout(request)
+
+    def warm_up(self) -> None:
+        """Capture every bucket's graphs and touch every stage once, so the first requests pay nothing extra."""
+        t0 = time.perf_counter()
+        for bucket in self.cfg.batch_buckets:
+            # one request names an asset, so the feature fetch path is warm too (it is not expected to exist)
+            requests = [GenerationRequest("warm up", seed=i, asset_id="warm-up" if i == 0 else None)
+                        for i in range(bucket)]
+            for future in [self.submit(r) for r in requests]:
+                future.result()
+        self.stats = ServiceStats()
+        self.fetcher.fallbacks.update(dict.fromkeys(self.fetcher.fallbacks, 0))
+        self.stats.fallbacks = self.fetcher.fallbacks
+        gc.collect()
+        gc.freeze()           # models, registry, tokenizer: never garbage; keep them out of every later collection
+        log.info("warmed up in %.1fs", time.perf_counter() - t0)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        for _, future in pending:
+            future.set_exception(ServiceClosedError("the generation service shut down before this request ran"))
+        self._worker.join(timeout=60)
+        self._mesh_pool.shutdown()
+        self.fetcher.close()
+
+    # ---- the worker --------------------------------------------------------------------------------
+    def _take_batch(self) -> list[tuple[GenerationRequest, Future]]:
+        """The oldest request plus up to `max_batch - 1` compatible ones, waiting `max_batch_wait_ms` for them."""
+        with self._cv:
+            while not self._queue and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return []
+            batch = [self._queue.popleft()]
+            key = batch[0][0].batch_key
+            until = time.perf_counter() + self.cfg.max_batch_wait_ms / 1e3
+            while len(batch) < self.max_batch:
+                same = [item for item in self._queue if item[0].batch_key == key][: self.max_batch - len(batch)]
+                for item in same:
+                    self._queue.remove(item)
+                batch += same
+                left = until - time.perf_counter()
+                if len(batch) >= self.max_batch or left <= 0:
+                    break
+                self._cv.wait(left)
+            self.stats.queue_depth = len(self._queue)
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if not batch:
+                return
+            now = time.perf_counter()
+            live = []
+            for request, future in batch:
+                if now > self.deadline(request):
+                    self.stats.count("timeout")
+                    waited, limit = now - request.arrived, self.timeout(request)
+                    future.set_exception(RequestTimeoutError(
+                        f"request waited {waited:.1f}s in the queue, past its {limit:g}s timeout; retry later or "
+                        "with a larger `timeout_s`"))
+                elif future.set_running_or_notify_cancel():
+                    live.append((request, future))
+            if live:
+                self._run_batch(live, now)
+
+    def _run_batch(self, batch: list[tuple[GenerationRequest, Future]], started: float) -> None:
+        futures = {request.id: future for request, future in batch}
+        requests = [request for request, _ in batch]
+        self.stats.batch(len(requests))
+
+        def emit(job: GridJob) -> None:
+            job.stages["queue"] = started - job.request.arrived
+            future = futures.pop(job.request.id)
+            self._mesh_pool.submit(job.grid, self.pipeline.shapes.cfg.bounds).add_done_callback(
+                lambda done: self._finish(job, done, future))
+
+        try:
+            self.pipeline.run_batch(requests, emit)
+        except Exception as exc:  # one bad batch must not stop the worker: its requests fail, the next run
+            log.exception("generation batch of %d failed", len(requests))
+            for future in futures.values():
+                self.stats.count("failed")
+                future.set_exception(exc if isinstance(exc, Cube3DError) else ServiceError(f"generation failed: {exc}"))
+
+    def _finish(self, job: GridJob, done: "Future[MeshOutput]", future: Future) -> None:
+        exc = done.exception()
+        if exc is not None:  # e.g. MeshError: the tokens decode to an empty volume
+            self.stats.count("failed")
+            future.set_exception(exc)
+            return
+        result = result_of(job, done.result())
+        result.stages["total"] = time.perf_counter() - job.request.arrived
+        self.stats.record(result.stages)
+        future.set_result(result)

@@ -1,0 +1,263 @@
+"""End to end on the CPU: asset features materialized into the real Redis, read by the service through the serving
+SDK, turned into the bbox token; a tiny model generates a valid GLB; the HTTP endpoint, fallbacks, limits."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+# asset -> (bbox or None for NULL, category, style, age of the catalog row)
+ASSETS = {
+    "asset_chair": ((2.0, 1.0, 0.5), "furniture", "medieval", dt.timedelta(hours=3)),
+    "asset_nobox": ((None, None, None), "plant", "cartoon", dt.timedelta(hours=3)),
+    "asset_old": ((1.0, 1.0, 1.0), "vehicle", "voxel", dt.timedelta(days=400)),      # past the 365 d ttl
+}
+
+
+def _repo(tmp: Path) -> Path:
+    from feast import FeatureStore
+
+    from featurectl.config import load_config
+    from featurectl.repo_commands import compile_repo
+
+    project = f"gen_{uuid.uuid4().hex[:8]}"
+    repo = tmp / project
+    repo.mkdir()
+    shutil.copy(ROOT / "feature_repo" / "features.py", repo / "features.py")
+    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
+    settings["project"] = project
+    settings["registry"]["path"] = f"sqlite:///{tmp / project}.db"
+    settings["platform"]["data_dir"] = str(tmp / "data")
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    cfg = load_config(repo)
+    FeatureStore(config=cfg.feast_repo_config()).apply(compile_repo(cfg)[1].all())
+    return repo
+
+
+def _materialize(repo: Path) -> None:
+    """Offline tables of both views written, then materialized into Redis by our materializer."""
+    import redis
+
+    from batch.materialize import materialize_view
+    from dsl import load_repo
+    from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
+    from featurectl.config import load_config
+
+    cfg = load_config(repo)
+    views = load_repo(repo)
+    ids = list(ASSETS)
+    stamps = pa.array([NOW - a[3] for a in ASSETS.values()], pa.timestamp("ms", "UTC"))
+    attrs = {"asset_id": ids, EVENT_TIMESTAMP: stamps,
+             "category": [a[1] for a in ASSETS.values()], "creator_id": ["creator_1"] * 3,
+             "style": [a[2] for a in ASSETS.values()], "polygon_count": [1000, 2000, 3000]}
+    for axis, name in enumerate(("bbox_x", "bbox_y", "bbox_z")):
+        attrs[name] = pa.array([a[0][axis] for a in ASSETS.values()], pa.float64())
+    activity_view = views.view("asset_activity")
+    activity = {"asset_id": ["asset_chair"], EVENT_TIMESTAMP: pa.array([NOW - dt.timedelta(minutes=5)],
+                                                                          pa.timestamp("ms", "UTC"))}
+    for name, kind in activity_view.output_schema().items():
+        activity[name] = pa.array([120 if name == "views_24h" else (7 if kind.is_numeric else "user_1")])
+    client = redis.Redis(*cfg.redis_host_port)
+    for view_name, columns in (("asset_attributes", attrs), ("asset_activity", activity)):
+        view = views.view(view_name)
+        path = offline_table_path(cfg.data_dir, view)
+        ds.write_dataset(pa.table(columns), path, format="parquet")
+        materialize_view(client, view, cfg.project, path, NOW - dt.timedelta(days=500), NOW)
+
+
+@pytest.fixture(scope="module")
+def store_repo(tmp_path_factory, local_services) -> Path:
+    """A scratch project whose asset features are in the real Redis."""
+    repo = _repo(tmp_path_factory.mktemp("generate"))
+    _materialize(repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def service(store_repo):
+    from featurectl.config import load_config
+    from inference.service import GenerationService, ServiceConfig, online_store
+
+    project = load_config(store_repo)
+    cfg = ServiceConfig.from_name("tiny", queue_size=3, max_batch_wait_ms=5.0)
+    svc = GenerationService(cfg, make_client=online_store(project.repo_path, project.registry_url, 1.0))
+    yield svc
+    svc.close()
+
+
+def test_asset_request_builds_the_bbox_token_from_stored_features_and_a_valid_glb(service):
+    import trimesh
+
+    from inference.service import GenerationRequest
+
+    result = service.generate(GenerationRequest("a wooden version", asset_id="asset_chair"))
+    want = [1.925, 0.9625, 0.48125]                       # stored (2, 1, 0.5), longest side scaled to 1.925
+    assert result.fallback is None and result.bbox == pytest.approx(want)
+    mesh = trimesh.load(trimesh.util.wrap_as_stream(result.glb), file_type="glb", force="mesh")
+    assert len(mesh.faces) == result.faces > 0 and result.glb[:4] == b"glTF"
+    for stage in ("queue", "fetch", "text", "prefill", "decode", "shape_decode", "meshing", "export", "total"):
+        assert result.stages[stage] >= 0, stage
+
+    # the condition the pipeline builds from what the SDK read: its last token is bbox_proj of the stored bbox
+    pipe = service.pipeline
+    features = service.fetcher.fetch(["asset_chair"])
+    assert features[0].bbox == (2.0, 1.0, 0.5) and features[0].category == "furniture"
+    assert features[0].popularity["views_24h"] == 120
+    cond, boxes = pipe.condition([GenerationRequest("a wooden version", asset_id="asset_chair")], features)
+    with torch.no_grad():
+        token = pipe.engine.model.bbox_proj(torch.tensor([want]))
+    torch.testing.assert_close(cond[0, -1], token[0], rtol=1e-6, atol=1e-6)
+    plain, _ = pipe.condition([GenerationRequest("a wooden version")], [None])
+    assert not torch.allclose(cond[0, -1], plain[0, -1])
+    torch.testing.assert_close(cond[0, :-1], plain[0, :-1])               # the zero projection adds nothing
+
+
+@pytest.mark.parametrize("asset_id, reason", [("asset_missing", "missing_asset"), ("asset_old", "stale_features"),
+                                              ("asset_nobox", "no_bbox")])
+def test_missing_stale_or_null_features_fall_back_to_the_zero_bbox(service, asset_id, reason):
+    from inference.service import GenerationRequest
+
+    before = service.stats.summary()["fallbacks"][reason]
+    result = service.generate(GenerationRequest("a chair", asset_id=asset_id))
+    assert result.fallback == reason and result.bbox is None and result.faces > 0
+    assert service.stats.summary()["fallbacks"][reason] == before + 1
+    features = service.fetcher.fetch([asset_id])
+    cond, _ = service.pipeline.condition([GenerationRequest("a chair")], features)
+    uncond_bbox_token = service.pipeline.uncond[0, -1]                    # the unconditional row's zero bbox
+    torch.testing.assert_close(cond[0, -1], uncond_bbox_token)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    import uvicorn
+
+    from inference.service.http_app import GenerationApp
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(GenerationApp(lambda: service), host="127.0.0.1", port=port,
+                                           lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the HTTP server did not start in 30 s"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _call(url: str, body: dict | None = None):
+    """(status, headers (case-insensitive), body)."""
+    data = None if body is None else orjson.dumps(body)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as reply:
+            return reply.status, reply.headers, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+def test_http_generate_returns_the_mesh_with_stage_timings(http):
+    status, headers, body = _call(f"{http}/generate", {"prompt": "a wooden version", "asset_id": "asset_chair",
+                                                       "seed": 3})
+    assert status == 200 and headers["Content-Type"] == "model/gltf-binary" and body[:4] == b"glTF"
+    timings = dict(part.split(";dur=") for part in headers["Server-Timing"].split(", "))
+    assert {"fetch", "text", "prefill", "decode", "shape_decode", "meshing", "export", "total"} <= set(timings)
+
+
+def test_http_job_id_then_poll(http):
+    status, _, body = _call(f"{http}/generate", {"prompt": "a stone lamp", "async": True})
+    assert status == 202
+    job = orjson.loads(body)["job_id"]
+    deadline = time.monotonic() + 30
+    while (reply := _call(f"{http}/jobs/{job}"))[0] == 202:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert reply[0] == 200 and reply[2][:4] == b"glTF"
+    assert _call(f"{http}/jobs/nope")[0] == 404
+
+
+@pytest.mark.parametrize("body, fragment", [({"asset_id": "a"}, "`prompt` must be a non-empty string"),
+                                            ({"prompt": "x", "seed": -1}, "`seed` must be an integer"),
+                                            ({"prompt": "x", "top_p": 2}, "`top_p` must be in (0, 1]"),
+                                            ({"prompt": "x", "colour": "red"}, "unknown field(s) `colour`")])
+def test_http_bad_requests_say_what_is_wrong(http, body, fragment):
+    status, _, reply = _call(f"{http}/generate", body)
+    assert status == 400 and fragment in orjson.loads(reply)["error"]
+
+
+def test_full_queue_is_a_clear_429_and_metrics_show_every_stage(http, service):
+    jobs, refused = [], None
+    for i in range(40):                  # a few ms each; the worker needs tens of ms per batch of 4
+        status, headers, body = _call(f"{http}/generate", {"prompt": f"a red car {i}", "async": True})
+        if status == 429:
+            refused = (headers, orjson.loads(body))
+            break
+        jobs.append(orjson.loads(body)["job_id"])
+    assert refused is not None, "40 requests never filled a queue of 3"
+    headers, body = refused
+    assert headers["Retry-After"] == "2" and body["code"] == "queue_full"
+    assert "queue is full (3 requests waiting)" in body["error"]
+    for job in jobs:
+        while _call(f"{http}/jobs/{job}")[0] == 202:
+            time.sleep(0.05)
+    status, _, text = _call(f"{http}/metrics")
+    assert status == 200
+    for stage in ("fetch", "text", "prefill", "decode", "shape_decode", "meshing", "export", "total"):
+        assert f'cube3d_stage_quantile_seconds{{quantile="0.99",stage="{stage}"}}' in text.decode(), stage
+    assert b'cube3d_requests_total{outcome="rejected"}' in text
+
+
+def test_request_past_its_deadline_is_dropped_before_the_gpu(service):
+    from inference.service import GenerationRequest, RequestTimeoutError
+
+    first = service.submit(GenerationRequest("a tall tree"))
+    # sampled, so it cannot join `first`'s greedy batch: it waits for that batch to finish, past its deadline
+    late = service.submit(GenerationRequest("a small cup", top_p=0.5, timeout_s=0.001))
+    first.result()
+    with pytest.raises(RequestTimeoutError, match="past its 0.001s timeout"):
+        late.result()
+
+
+def test_cli_generate_writes_the_glb_and_prints_the_stage_table(store_repo, tmp_path):
+    from click.testing import CliRunner
+
+    from featurectl.cli import Context
+    from featurectl.generate_commands import generate
+
+    out = tmp_path / "chair.glb"
+    result = CliRunner().invoke(generate, ["a wooden version", "--asset-id", "asset_chair", "--out", str(out),
+                                           "--config", "tiny", "--repeat", "2"], obj=Context(store_repo, None))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:4] == b"glTF"
+    assert "bbox condition from the asset's features: [1.925, 0.9625, 0.4812]" in result.output
+    table = result.output.split("p99 ms")[1]
+    for stage in ("fetch", "text", "prefill", "decode", "shape_decode", "meshing", "export", "total"):
+        assert f"\n{stage} " in table, stage
+    bad = CliRunner().invoke(generate, ["x", "--out", str(tmp_path / "x.stl"), "--config", "tiny"],
+                             obj=Context(store_repo, None))
+    assert bad.exit_code != 0 and "use a `.glb` file name" in bad.output

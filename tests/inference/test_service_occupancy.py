@@ -1,0 +1,54 @@
+"""Coarse-to-fine occupancy equals the dense grid where marching cubes reads it, at a fraction of the points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from inference.errors import MeshError
+from inference.mesh import ShapeDecoder, marching_cubes
+from inference.occupancy import cell_points, coarse_to_fine, shape_field, sign_change_cells
+
+
+def bumpy(points: torch.Tensor) -> torch.Tensor:
+    """A sphere with ripples and a small blob near its side: features down to a few grid cells."""
+    blob = torch.tensor([0.7, 0.0, 0.0])
+    return (0.6 - points.norm(dim=-1) + 0.08 * torch.sin(9 * points[:, 0]) * torch.cos(7 * points[:, 1])
+            + 0.3 * torch.exp(-((points - blob) ** 2).sum(-1) / 0.01))
+
+
+def test_sign_change_cells_and_their_corners():
+    values = -torch.ones(3, 3, 3)
+    values[2, 2, 2] = 1.0                                      # one positive corner: only the last cell changes sign
+    cells = sign_change_cells(values)
+    assert cells.shape == (2, 2, 2) and cells.sum() == 1 and cells[1, 1, 1]
+    corners = cell_points(cells)
+    assert corners.shape == (3, 3, 3) and corners.sum() == 8 and corners[1:, 1:, 1:].all()
+
+
+@pytest.mark.parametrize("resolution, levels", [(6, 3), (6, 1)])
+def test_same_surface_as_the_dense_grid_with_fewer_points(resolution, levels):
+    dense = coarse_to_fine(bumpy, resolution, 1.05, "cpu", levels=0)
+    fine = coarse_to_fine(bumpy, resolution, 1.05, "cpu", levels=levels)
+    assert dense.evaluated == dense.values.numel() and fine.fraction < 0.5
+    assert torch.equal(dense.values > 0, fine.values > 0)
+    corners = cell_points(sign_change_cells(dense.values))
+    torch.testing.assert_close(fine.values[corners], dense.values[corners], rtol=0, atol=1e-6)
+    assert torch.equal(fine.surface, corners)
+    v_dense, f_dense = marching_cubes(dense.values.numpy(), 1.05)
+    v_fine, f_fine = marching_cubes(fine.values.numpy(), 1.05, mask=fine.surface.numpy())
+    assert np.array_equal(f_dense, f_fine) and np.allclose(v_dense, v_fine, atol=1e-5)
+
+
+def test_dense_path_matches_the_shape_decoders_grid():
+    dec = ShapeDecoder("tiny", None, init_std=0.3, seed=1)
+    ids = torch.randint(0, dec.cfg.num_codes, (dec.cfg.num_latents,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = coarse_to_fine(shape_field(dec, ids), 4, dec.cfg.bounds, "cpu", levels=0).values
+    torch.testing.assert_close(ours, dec.occupancy_grid(ids, resolution=4), rtol=1e-5, atol=1e-5)
+
+
+def test_levels_beyond_the_resolution_are_refused():
+    with pytest.raises(MeshError, match="`levels` must be within 0..4"):
+        coarse_to_fine(bumpy, 4, 1.05, "cpu", levels=5)

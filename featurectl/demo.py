@@ -39,6 +39,7 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int) -> None:
 
 
 def _show_tiles(cfg) -> None:
+    from batch.flink_env import create_table_env
     from batch.tiles import query_tiles
     from dsl import load_repo
     from dsl.compile_flink import SourceSettings, compile_view
@@ -47,7 +48,9 @@ def _show_tiles(cfg) -> None:
     compiled = compile_view(repo.view("asset_activity"), SourceSettings(cfg.platform.kafka.bootstrap_servers,
                                                                         cfg.data_dir))
     started = time.monotonic()
-    top = query_tiles(compiled, "SELECT asset_id, SUM(views__count) AS view_count, "
+    env = create_table_env(streaming=False, jobmanager=cfg.platform.flink.jobmanager,
+                           parallelism=cfg.platform.flink.parallelism)
+    top = query_tiles(compiled, env=env, select="SELECT asset_id, SUM(views__count) AS view_count, "
                       "HLL_ESTIMATE(HLL_MERGE(unique_users__hll)) AS user_estimate, COUNT(*) AS tile_count "
                       "FROM tiles GROUP BY asset_id ORDER BY view_count DESC LIMIT 5")
     click.echo(f"tile query over the whole history in {time.monotonic() - started:.1f}s; most viewed assets:")

@@ -75,10 +75,7 @@ class HyperLogLog:
         total = 0.0
         for rank in range(MAX_RANK, -1, -1):  # the order Hll.java sums in: same floats, same result
             total += math.ldexp(float(histogram[rank]), -rank)
-        raw = _ALPHA * M * M / total
-        zeros = int(histogram[0])
-        value = M * math.log(M / zeros) if raw <= 2.5 * M and zeros > 0 else raw
-        return math.floor(value + 0.5)
+        return int(estimate_many(np.array([total]), np.array([histogram[0]]))[0])
 
     def to_bytes(self) -> bytes:
         nonzero = np.flatnonzero(self.registers)
@@ -108,6 +105,23 @@ def merge_sketches(sketches: Iterable[Optional[bytes]]) -> bytes:
 def estimate(sketch: Optional[bytes]) -> int:
     """The distinct count of a serialized sketch; None or b"" is 0, as in HLL_ESTIMATE."""
     return HyperLogLog.from_bytes(sketch).estimate() if sketch else 0
+
+
+# M * ln(M / zeros) for zeros = 0..M by math.log, as the scalar estimator takes it (numpy's log may be an ulp off).
+_LINEAR_COUNTS = np.array([M * math.log(M / zeros) if zeros else math.inf for zeros in range(M + 1)])
+
+
+def estimate_many(register_sums: np.ndarray, zeros: np.ndarray) -> np.ndarray:
+    """The estimates of many sketches at once (int64), from each one's sum of 2**-register and zero count.
+
+    The sums must be formed as `HyperLogLog.estimate` forms them (over the rank histogram, highest rank first):
+    then every float operation is the scalar one, so the integers are the same. Batch windows use this to
+    estimate merged sketches without building them.
+    """
+    raw = (_ALPHA * M * M) / register_sums
+    linear = (raw <= 2.5 * M) & (zeros > 0)
+    value = np.where(linear, _LINEAR_COUNTS[zeros], raw)
+    return np.floor(value + 0.5).astype(np.int64)
 
 
 def _merge_bytes(registers: np.ndarray, data: bytes) -> None:

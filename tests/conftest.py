@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from cli_helpers import ROOT, featurectl
 from featurectl.config import ProjectConfig, load_config
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def featurectl(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    """Run the CLI of the interpreter running pytest (the project's venv), from the repo root."""
-    return subprocess.run([sys.executable, "-m", "featurectl", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

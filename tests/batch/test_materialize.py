@@ -14,7 +14,7 @@ import pytest
 import redis
 import yaml
 
-from conftest import featurectl
+from cli_helpers import featurectl
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType

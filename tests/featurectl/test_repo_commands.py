@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import featurectl as run_cli
+from cli_helpers import featurectl as run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import featurectl
+from cli_helpers import featurectl
 from serving.api_keys import ApiKeyError, Authenticator, KeyStore
 from serving.throttle import TokenBuckets
 

@@ -1,0 +1,169 @@
+"""Backfill: historical events -> each view's offline feature table, for boundaries in [start, end).
+
+1. One Flink batch job runs every view's compiled tile query over the Parquet history, reading from a longest
+   window (or ttl) before `start`, since windows that end in the range need those tiles (`batch.tile_export`).
+2. Per view, the tiles become window values at the boundaries where they change (`batch.windows`), chunk by
+   chunk of entities, vectorized, and replace the range in the offline table (`batch.offline_table`).
+3. The range is recorded in the registry database (`batch.backfill_log`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Protocol, Sequence
+
+import pyarrow.dataset as ds
+
+from batch.backfill_log import BackfillLog, BackfillRecord
+from batch.flink_env import create_table_env
+from batch.offline_table import RangeWriter
+from batch.tile_export import TileJob, export_tiles, source_ranges
+from batch.windows import TileGrid, offline_rows, offline_schema
+from dsl.compile_feast import offline_table_path
+from dsl.compile_flink import SourceSettings, compile_view, source_path
+from dsl.feature_view import FeatureView
+
+log = logging.getLogger(__name__)
+
+
+class BackfillError(RuntimeError):
+    """A backfill cannot run as asked; the message says why and what to do."""
+
+
+class Progress(Protocol):
+    """Where a backfill reports progress (the CLI draws bars); stages run one after another."""
+
+    def stage(self, name: str, total: int, unit: str) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+class _Silent:
+    def stage(self, name: str, total: int, unit: str) -> None:
+        log.info("%s: %d %s", name, total, unit)
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class BackfillTarget:
+    """Where a backfill reads and writes: the history and offline tables, and the registry that records it."""
+
+    data_dir: Path
+    registry_url: str
+    project: str
+    bootstrap_servers: str = ""  # only the streaming DDL of the compiled views uses it
+
+
+@dataclass
+class ViewResult:
+    view: str
+    rows: int
+    files: int
+
+
+@dataclass
+class BackfillSummary:
+    start: dt.datetime
+    end: dt.datetime
+    events_read: int = 0
+    seconds: float = 0.0
+    views: list[ViewResult] = field(default_factory=list)
+
+    @property
+    def rows_written(self) -> int:
+        return sum(v.rows for v in self.views)
+
+    @property
+    def files(self) -> int:
+        return sum(v.files for v in self.views)
+
+
+def _epoch_ms(value: dt.datetime, name: str) -> int:
+    if value.tzinfo is None:
+        raise BackfillError(f"`{name}` {value} has no time zone: pass an aware datetime (UTC)")
+    return int(value.timestamp() * 1000)
+
+
+def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime, target: BackfillTarget, *,
+             env=None, parallelism: int = 1, jobmanager: Optional[str] = None,
+             progress: Optional[Progress] = None) -> BackfillSummary:
+    """Write the offline rows of `views` for boundaries in [start, end), replacing what that range held.
+
+    `env` is a batch TableEnvironment to reuse (PyFlink takes seconds to start one); by default one is made
+    with `parallelism` and, for a remote cluster, `jobmanager` (whose task managers must see `data_dir`).
+    """
+    began = time.monotonic()
+    start_ms, end_ms = _epoch_ms(start, "start"), _epoch_ms(end, "end")
+    if start_ms >= end_ms:
+        raise BackfillError(f"empty range: start {start.isoformat()} is not before end {end.isoformat()}")
+    if not views:
+        raise BackfillError("no feature views to backfill: define some, or name them with --view")
+    progress = progress or _Silent()
+    settings = SourceSettings(target.bootstrap_servers, target.data_dir)
+    jobs = [TileJob(v, compile_view(v, settings), TileGrid.of(v, start_ms, end_ms).origin_ms) for v in views]
+    summary = BackfillSummary(start, end, events_read=_count_events(jobs, settings, end_ms))
+    offline_root = target.data_dir / "offline"
+    offline_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".tiles-", dir=offline_root))
+    try:
+        progress.stage("flink: tiles", summary.events_read, "ev")
+        env = env or create_table_env(streaming=False, parallelism=parallelism, jobmanager=jobmanager)
+        folders = export_tiles(env, jobs, end_ms, scratch)
+        progress.advance(summary.events_read)
+        for job in jobs:
+            summary.views.append(_write_view(job, folders[job.view.name], start_ms, end_ms, target, progress))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _record(summary, target)
+    summary.seconds = time.monotonic() - began
+    return summary
+
+
+def _count_events(jobs: list[TileJob], settings: SourceSettings, end_ms: int) -> int:
+    """Events the job reads: those of each source in its range (Parquet statistics and one column)."""
+    total = 0
+    for source_name, (lo, hi) in source_ranges(jobs, end_ms).items():
+        source = next(j.view.source for j in jobs if j.compiled.source == source_name)
+        folder = source_path(source, settings.data_dir)
+        if not folder.is_dir() or not any(folder.iterdir()):
+            raise BackfillError(f"source `{source_name}` has no history at {folder}: write Parquet files there "
+                                "(e.g. `featurectl datagen history`) or set the source's `path`")
+        ts = ds.field(source.timestamp_field)
+        total += ds.dataset(folder, format="parquet").count_rows(filter=(ts >= lo) & (ts < hi))
+    return total
+
+
+def _write_view(job: TileJob, tiles_folder: Path, start_ms: int, end_ms: int, target: BackfillTarget,
+                progress: Progress) -> ViewResult:
+    view = job.view
+    # The sink writes no file when a view has no tiles in range; the range is then replaced by nothing.
+    tiles = ds.dataset(tiles_folder, format="parquet").to_table() if tiles_folder.exists() else None
+    tiles = tiles if tiles is not None and tiles.num_rows else None
+    progress.stage(f"windows: {view.name}", tiles.num_rows if tiles else 0, "tiles")
+    path = offline_table_path(target.data_dir, view)
+    with RangeWriter(path, offline_schema(view), start_ms, end_ms) as writer:
+        for rows, chunk_tiles in offline_rows(view, job.compiled, tiles, start_ms, end_ms) if tiles else ():
+            writer.write(rows)
+            progress.advance(chunk_tiles)
+        stats = writer.commit()
+    log.info("backfilled %s: %d rows in %d files", view.name, stats.rows, stats.files)
+    return ViewResult(view.name, stats.rows, stats.files)
+
+
+def _record(summary: BackfillSummary, target: BackfillTarget) -> None:
+    backfill_log = BackfillLog(target.registry_url)
+    try:
+        finished = dt.datetime.now(dt.timezone.utc)
+        for result in summary.views:
+            backfill_log.record(BackfillRecord(target.project, result.view, summary.start, summary.end,
+                                               result.rows, result.files, finished))
+    finally:
+        backfill_log.close()

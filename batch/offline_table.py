@@ -1,0 +1,151 @@
+"""A view's offline feature table on disk: Parquet partitioned by UTC date, `date=YYYY-MM-DD/part-*.parquet`.
+
+A write replaces one time range [start, end). New files are staged beside the table; the rows of touched dates
+that lie outside the range are carried over into the staged partition; then each touched partition is swapped
+in by two renames. So re-running a range replaces it and never duplicates it, rows outside it survive, and a
+reader sees the old or the new partition of a date, never a mix (between the two renames, briefly, neither).
+Staged and retired folders start with a dot, which Arrow's dataset discovery (and so Feast's and ours) skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from dsl.compile_feast import EVENT_TIMESTAMP
+
+log = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
+PARTITION = "date"
+
+
+class OfflineTableError(RuntimeError):
+    """The offline table cannot be read or written as asked; the message says why and what to do."""
+
+
+@dataclass
+class WriteStats:
+    rows: int = 0
+    files: int = 0
+
+
+def partition_name(day: int) -> str:
+    """`date=YYYY-MM-DD` of a day number (days since the epoch, UTC)."""
+    return f"{PARTITION}={np.datetime64(day, 'D')}"
+
+
+def _days(start_ms: int, end_ms: int) -> range:
+    return range(start_ms // DAY_MS, (end_ms - 1) // DAY_MS + 1)
+
+
+class RangeWriter:
+    """Replaces [start_ms, end_ms) of the table at `path` with the rows given to `write`, on `commit`.
+
+    Use as a context manager: leaving the block by an exception discards everything staged.
+    """
+
+    def __init__(self, path: Path, schema: pa.Schema, start_ms: int, end_ms: int):
+        self.path = path
+        self.schema = schema
+        self.start_ms, self.end_ms = start_ms, end_ms
+        self.staging = path.parent / f".staging-{path.name}-{uuid.uuid4().hex[:12]}"
+        self.stats = WriteStats()
+        self._parts = 0
+
+    def __enter__(self) -> "RangeWriter":
+        self.staging.mkdir(parents=True)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def write(self, rows: pa.Table) -> None:
+        """Stage rows (all within the range), one file per date they fall on."""
+        if rows.num_rows == 0:
+            return
+        days = pc.divide(rows.column(EVENT_TIMESTAMP).cast(pa.int64()), DAY_MS).to_numpy()
+        order = np.argsort(days, kind="stable")
+        days = days[order]
+        rows = rows.take(order)
+        cuts = [0, *(np.flatnonzero(np.diff(days)) + 1).tolist(), len(days)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            self._stage(int(days[lo]), rows.slice(lo, hi - lo), f"part-{self._parts:05d}.parquet")
+            self.stats.rows += hi - lo
+        self._parts += 1
+
+    def commit(self) -> WriteStats:
+        """Carry over rows outside the range from touched dates, then swap each touched partition in."""
+        for day in _days(self.start_ms, self.end_ms):
+            kept = self._rows_outside_range(day)
+            if kept is not None and kept.num_rows:
+                self._stage(day, kept, "part-kept.parquet")
+        retired = self.staging / ".retired"
+        retired.mkdir()
+        for day in _days(self.start_ms, self.end_ms):
+            current, staged = self.path / partition_name(day), self.staging / partition_name(day)
+            if current.exists():
+                current.rename(retired / current.name)
+            if staged.exists():
+                self.path.mkdir(parents=True, exist_ok=True)
+                staged.rename(current)
+        log.info("offline table %s: %d rows in %d files for [%d, %d)", self.path, self.stats.rows,
+                 self.stats.files, self.start_ms, self.end_ms)
+        return self.stats
+
+    def _stage(self, day: int, rows: pa.Table, name: str) -> None:
+        folder = self.staging / partition_name(day)
+        folder.mkdir(exist_ok=True)
+        pq.write_table(rows, folder / name)
+        self.stats.files += 1
+
+    def _rows_outside_range(self, day: int) -> pa.Table | None:
+        partition = self.path / partition_name(day)
+        if not partition.exists() or (self.start_ms <= day * DAY_MS and (day + 1) * DAY_MS <= self.end_ms):
+            return None
+        table = ds.dataset(partition, format="parquet").to_table()
+        ts = table.column(EVENT_TIMESTAMP).cast(pa.int64())
+        outside = pc.or_(pc.less(ts, self.start_ms), pc.greater_equal(ts, self.end_ms))
+        return _conform(table.filter(outside), self.schema, partition)
+
+
+def _conform(table: pa.Table, schema: pa.Schema, where: Path) -> pa.Table:
+    """Old rows in the current schema: columns the view no longer has dropped, new ones NULL."""
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, field.type))
+            continue
+        try:
+            columns.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise OfflineTableError(
+                f"{where}: column `{field.name}` is {table.schema.field(field.name).type}, the view now makes "
+                f"{field.type}; backfill whole days (midnight to midnight, UTC) or delete {where.parent} and "
+                "backfill again") from exc
+    return pa.table(columns, schema=schema)
+
+
+def read_range(path: Path, columns: list[str], start_ms: int, end_ms: int) -> pa.Table:
+    """Rows with start_ms <= event_timestamp < end_ms, reading only the partitions of those dates."""
+    if not path.is_dir():
+        raise FileNotFoundError(path)
+    dataset = ds.dataset(path, format="parquet", partitioning="hive")
+    missing = [c for c in columns if c not in dataset.schema.names]
+    if missing:
+        raise OfflineTableError(f"offline table {path} lacks columns {missing}: re-run `featurectl backfill` "
+                                "for this view")
+    first, last = (partition_name(day).split("=", 1)[1] for day in (start_ms // DAY_MS, (end_ms - 1) // DAY_MS))
+    ts = ds.field(EVENT_TIMESTAMP).cast(pa.int64())
+    row_filter = ((ds.field(PARTITION) >= first) & (ds.field(PARTITION) <= last)
+                  & (ts >= start_ms) & (ts < end_ms))
+    return dataset.to_table(columns=columns, filter=row_filter)

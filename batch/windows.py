@@ -1,0 +1,295 @@
+"""Tiles -> window values at the boundaries where they change: the rows of a view's offline feature table.
+
+Semantics are those of `dsl.aggregates`: the value of window W at boundary b covers the tiles starting in
+[b - W, b - tile]. For each entity there is a row at every boundary b in [start, end) where a tile enters a
+window (b = tile_start + tile) or leaves one (b = tile_start + tile + W), holding all the view's values as of b;
+plus a row at the range's first boundary for every entity with a non-empty window there, so a range stands
+alone (an as-of lookup after `start` never needs an earlier range). Between two rows nothing changes.
+Attributes are `last` over a window of the view's ttl: the latest value, gone once older than the ttl.
+
+Everything is vectorized per chunk of entities: tiles sorted by (entity, tile), one int64 key per tile
+(`code * span + tile index`), binary searches for each window's first and last tile; then prefix sums for
+count/sum/mean (int64 exact, floats summed in long double), a sparse table of arg-extremes for min/max, the last
+non-null tile for last, and `batch.hll_windows` for approx_distinct. Python loops run over features, windows and
+sparse-table levels only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch.hll_windows import TileSketches
+from dsl.compile_feast import EVENT_TIMESTAMP
+from dsl.compile_flink import TILE_START, CompiledView
+from dsl.feature_view import FeatureView
+from dsl.features import Attribute
+from dsl.types import ValueType
+
+OFFLINE_TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
+
+
+@dataclass(frozen=True)
+class WindowedFeature:
+    """One output feature: its op over `window` tiles, reading the tile columns named in `partials` by suffix."""
+
+    name: str
+    op: str
+    partials: dict[str, str]
+    window: int
+    kind: ValueType
+
+
+def windowed_features(view: FeatureView, compiled: CompiledView) -> list[WindowedFeature]:
+    """The view's output features in declaration order; an Attribute is `last` over the ttl."""
+    columns: dict[str, dict[str, str]] = {}
+    for column in compiled.tile_columns:
+        columns.setdefault(column.base, {})[column.partial.suffix] = column.name
+    kinds = view.output_schema()
+    out = []
+    for feature in view.features:
+        if isinstance(feature, Attribute):
+            name = feature.feature_names[0]
+            out.append(WindowedFeature(name, "last", columns[name], max(1, view.ttl // view.tile), kinds[name]))
+            continue
+        for window in feature.parsed_windows:
+            name = feature.feature_name(window)
+            out.append(WindowedFeature(name, feature.op, columns[feature.base_name], window.length // view.tile,
+                                       kinds[name]))
+    return out
+
+
+def offline_schema(view: FeatureView) -> pa.Schema:
+    """Join keys, `event_timestamp` (ms, UTC), then the output features: the offline table's columns."""
+    fields = [pa.field(k, t.arrow_type()) for k, t in view.entity.join_keys.items()]
+    fields.append(pa.field(EVENT_TIMESTAMP, OFFLINE_TIMESTAMP_TYPE))
+    fields += [pa.field(name, kind.arrow_type()) for name, kind in view.output_schema().items()]
+    return pa.schema(fields)
+
+
+def max_window_tiles(view: FeatureView) -> int:
+    """The longest window of the view in tiles (an attribute's window is the ttl)."""
+    lengths = [w.length // view.tile for a in view.aggregations for w in a.parsed_windows]
+    if view.attributes:
+        lengths.append(max(1, view.ttl // view.tile))
+    return max(lengths)
+
+
+def tile_ms(view: FeatureView) -> int:
+    return int(view.tile.total_seconds() * 1000)
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """Tile indexes of one backfill: index 0 is `origin_ms`; boundaries `first <= index < stop` are in range.
+
+    The origin lies a longest window and one tile before `start_ms`: the earliest tile whose leaving a window
+    still makes a boundary in range, so every event before it can be skipped.
+    """
+
+    tile_ms: int
+    origin_ms: int
+    first: int
+    stop: int
+    max_window: int
+
+    @classmethod
+    def of(cls, view: FeatureView, start_ms: int, end_ms: int) -> "TileGrid":
+        tile, longest = tile_ms(view), max_window_tiles(view)
+        origin = start_ms // tile * tile - (longest + 1) * tile
+        return cls(tile, origin, -((origin - start_ms) // tile), -((origin - end_ms) // tile), longest)
+
+    @property
+    def span(self) -> int:
+        """Greater than any tile or boundary index, so `code * span + index` orders by entity, then time."""
+        return self.stop + self.max_window + 2
+
+
+def offline_rows(view: FeatureView, compiled: CompiledView, tiles: pa.Table, start_ms: int, end_ms: int,
+                 chunk_tiles: int = 1_000_000) -> Iterator[tuple[pa.Table, int]]:
+    """The offline rows of boundaries in [start_ms, end_ms) from the view's tiles: (rows, tiles used) per chunk
+    of about `chunk_tiles` tiles of whole entities, so memory stays flat.
+
+    `tiles` is the tile query's output (any order) covering at least `TileGrid.of(...).origin_ms` to `end_ms`;
+    tiles with a NULL join key are dropped (no lookup can reach them).
+    """
+    grid = TileGrid.of(view, start_ms, end_ms)
+    keys = list(view.entity.join_keys)
+    tiles = _in_grid(tiles, keys, grid, end_ms)
+    builder = _RowBuilder(view, windowed_features(view, compiled), grid, offline_schema(view))
+    codes = _entity_codes(tiles.select(keys))
+    for lo, hi in _chunks(codes, chunk_tiles):
+        yield builder.rows(tiles.slice(lo, hi - lo), codes[lo:hi] - codes[lo]), hi - lo
+
+
+def _in_grid(tiles: pa.Table, keys: list[str], grid: TileGrid, end_ms: int) -> pa.Table:
+    start = pc.field(TILE_START)
+    keep = (start >= grid.origin_ms) & (start < end_ms)
+    for key in keys:
+        keep &= pc.field(key).is_valid()
+    tiles = tiles.filter(keep)
+    return tiles.sort_by([*((k, "ascending") for k in keys), (TILE_START, "ascending")]).combine_chunks()
+
+
+def _entity_codes(keys: pa.Table) -> np.ndarray:
+    """0, 0, 1, 1, 1, 2, ...: the entity of each row of `keys`, sorted by key."""
+    n = keys.num_rows
+    changed = np.ones(n, dtype=bool)
+    if n > 1:
+        changed[1:] = False
+        for column in keys.columns:
+            array = column.combine_chunks()
+            changed[1:] |= pc.not_equal(array.slice(1), array.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return np.cumsum(changed) - 1
+
+
+def _chunks(codes: np.ndarray, chunk_tiles: int) -> list[tuple[int, int]]:
+    """Row ranges of about `chunk_tiles` rows that never split an entity."""
+    entity_starts = np.flatnonzero(np.diff(codes, prepend=-1))
+    first_at_or_after = np.searchsorted(entity_starts, np.arange(0, len(codes), chunk_tiles))
+    cuts = np.unique(entity_starts[first_at_or_after[first_at_or_after < len(entity_starts)]])
+    bounds = [*cuts.tolist(), len(codes)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class _RowBuilder:
+    """Builds the offline rows of one chunk of whole entities."""
+
+    def __init__(self, view: FeatureView, features: list[WindowedFeature], grid: TileGrid, schema: pa.Schema):
+        self.keys = list(view.entity.join_keys)
+        self.features = features
+        self.grid = grid
+        self.schema = schema
+
+    def rows(self, tiles: pa.Table, codes: np.ndarray) -> pa.Table:
+        grid = self.grid
+        tile_index = (tiles.column(TILE_START).to_numpy() - grid.origin_ms) // grid.tile_ms
+        tile_keys = codes * grid.span + tile_index
+        boundary_keys = self._boundaries(codes, tile_index)
+        boundary_codes, boundary_index = np.divmod(boundary_keys, grid.span)
+        first_tile = np.searchsorted(codes, boundary_codes)
+        columns = {k: tiles.column(k).take(first_tile) for k in self.keys}
+        columns[EVENT_TIMESTAMP] = pa.array(grid.origin_ms + boundary_index * grid.tile_ms).cast(
+            OFFLINE_TIMESTAMP_TYPE)
+        distinct = self._distinct_counts(tiles, codes, tile_index, tile_keys, boundary_keys)
+        windows = {w: _Window(tile_keys, boundary_keys, w) for w in {f.window for f in self.features}}
+        sums = _PrefixSums(tiles)
+        for feature in self.features:
+            values = distinct.get(feature.name)
+            if values is None:
+                values = _reduce(feature, tiles, sums, windows[feature.window])
+            columns[feature.name] = values.cast(feature.kind.arrow_type())
+        return pa.table(columns, schema=self.schema)
+
+    def _distinct_counts(self, tiles: pa.Table, codes: np.ndarray, tile_index: np.ndarray, tile_keys: np.ndarray,
+                         boundary_keys: np.ndarray) -> dict[str, pa.Array]:
+        """approx_distinct features, all windows of one sketch column at once."""
+        by_column: dict[str, list[WindowedFeature]] = {}
+        for feature in self.features:
+            if feature.op == "approx_distinct":
+                by_column.setdefault(feature.partials["hll"], []).append(feature)
+        out = {}
+        for column, features in by_column.items():
+            sketches = TileSketches(tiles.column(column).combine_chunks(), codes, tile_index)
+            estimates = sketches.estimates(boundary_keys, tile_keys, sorted({f.window for f in features}))
+            out.update({f.name: pa.array(estimates[f.window]) for f in features})
+        return out
+
+    def _boundaries(self, codes: np.ndarray, tile_index: np.ndarray) -> np.ndarray:
+        """Sorted unique `code * span + index` of every boundary in range where the entity's values change,
+        plus the first boundary of the range for entities with a non-empty window there."""
+        grid = self.grid
+        entered = codes * grid.span + tile_index + 1
+        lengths = sorted({0, *(f.window for f in self.features)})
+        live = (tile_index >= grid.first - grid.max_window) & (tile_index < grid.first)
+        candidates = np.concatenate([*(entered + w for w in lengths), codes[live] * grid.span + grid.first])
+        index = candidates % grid.span
+        return np.unique(candidates[(index >= grid.first) & (index < grid.stop)])
+
+
+class _Window:
+    """Each boundary's tiles of one window: rows [lo, hi) of the chunk (tiles sorted by entity and time)."""
+
+    def __init__(self, tile_keys: np.ndarray, boundary_keys: np.ndarray, window: int):
+        self.lo = np.searchsorted(tile_keys, boundary_keys - window)
+        self.hi = np.searchsorted(tile_keys, boundary_keys)
+        self.window = window
+
+
+def _reduce(feature: WindowedFeature, tiles: pa.Table, sums: "_PrefixSums", window: _Window) -> pa.Array:
+    partial = feature.partials
+    if feature.op in ("count", "sum"):
+        return pa.array(sums.over(partial[feature.op], window))
+    if feature.op == "mean":
+        count = sums.over(partial["count"], window)
+        total = sums.over(partial["sum"], window).astype(np.float64)
+        return pa.array(total / np.maximum(count, 1), mask=count == 0)
+    if feature.op in ("min", "max"):
+        return _window_extreme(tiles.column(partial[feature.op]).combine_chunks(), window,
+                               largest=feature.op == "max")
+    if feature.op == "last":
+        return _window_last(tiles.column(partial["last"]).combine_chunks(), window)
+    raise ValueError(f"feature `{feature.name}`: no window reduction for op `{feature.op}`; add one to "
+                     "batch/windows.py beside its definition in dsl/aggregates.py")
+
+
+class _PrefixSums:
+    """Sums of tile columns over windows, as differences of prefix sums made once per column (NULL counts as 0):
+    int64 exactly; floats in long double (64-bit mantissa on x86), so the error, about 1e-19 times the chunk's
+    running total, stays far below the float64 rounding of the result for any window of comparable size."""
+
+    def __init__(self, tiles: pa.Table):
+        self.tiles = tiles
+        self.prefixes: dict[str, np.ndarray] = {}
+
+    def over(self, column: str, window: _Window) -> np.ndarray:
+        if column not in self.prefixes:
+            values = self.tiles.column(column)
+            array = pc.fill_null(values, 0).to_numpy()
+            exact = pa.types.is_integer(values.type)
+            prefix = np.zeros(len(array) + 1, dtype=np.int64 if exact else np.longdouble)
+            np.cumsum(array, dtype=prefix.dtype, out=prefix[1:])
+            self.prefixes[column] = prefix
+        prefix = self.prefixes[column]
+        sums = prefix[window.hi] - prefix[window.lo]
+        return sums if prefix.dtype == np.int64 else sums.astype(np.float64)
+
+
+def _window_extreme(values: pa.Array, window: _Window, largest: bool) -> pa.Array:
+    """MIN or MAX over each window, NULL when the window has no non-NULL tile; any orderable type."""
+    rank = pc.rank(values, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64)
+    score = rank if largest else rank.max(initial=0) + 1 - rank
+    score[~values.is_valid().to_numpy(zero_copy_only=False)] = 0
+    best = _arg_max_in_ranges(score, window.lo, window.hi, window.window)
+    found = (window.hi > window.lo) & (score[best] > 0)
+    return values.take(pa.array(best, mask=~found))
+
+
+def _arg_max_in_ranges(score: np.ndarray, lo: np.ndarray, hi: np.ndarray, longest: int) -> np.ndarray:
+    """A position of the greatest score in each [lo, hi) of at most `longest` rows (a sparse table: level j holds
+    the arg-max of the 2**j rows from each position); an empty range gives some position, to be masked."""
+    n = len(score)
+    levels = [np.arange(n)]
+    while 2 ** len(levels) <= longest:
+        prev = levels[-1]
+        other = prev[np.minimum(np.arange(n) + 2 ** (len(levels) - 1), n - 1)]
+        levels.append(np.where(score[other] > score[prev], other, prev))
+    table = np.stack(levels)
+    length = np.maximum(hi - lo, 1)
+    level = np.frexp(length)[1] - 1  # floor(log2(length))
+    a = table[level, np.minimum(lo, n - 1)]
+    b = table[level, np.clip(hi - 2 ** level, 0, n - 1)]
+    return np.where(score[b] > score[a], b, a)
+
+
+def _window_last(values: pa.Array, window: _Window) -> pa.Array:
+    """The value of the latest tile with a non-NULL value in each window, NULL when there is none."""
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    latest = np.maximum.accumulate(np.where(valid, np.arange(len(values)), -1))
+    at = latest[np.maximum(window.hi - 1, 0)]
+    found = (window.hi > window.lo) & (at >= window.lo)
+    return values.take(pa.array(np.maximum(at, 0), mask=~found))

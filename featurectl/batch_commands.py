@@ -1,0 +1,167 @@
+"""`featurectl backfill | training-set`: offline feature tables from the history, and point-in-time training sets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from featurectl.config import ProjectConfig
+
+
+def parse_instant(text: str, option: str) -> dt.datetime:
+    """`2026-01-01`, `2026-01-01T06:00` or with an offset; no offset means UTC."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"`{text}` is not a date or time: write e.g. 2026-01-01 or 2026-01-01T06:00 "
+                                 "(UTC unless an offset is given)", param_hint=option) from None
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def _load_repo(cfg: ProjectConfig):
+    from dsl import DefinitionError, load_repo
+
+    try:
+        return load_repo(cfg.repo_path)
+    except DefinitionError as exc:
+        raise click.ClickException(f"invalid feature definition: {exc}") from exc
+
+
+class TqdmProgress:
+    """One progress bar per backfill stage."""
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+
+    def stage(self, name: str, total: int, unit: str) -> None:
+        self.close()
+        self.bar = tqdm(total=total, desc=name, unit=unit, unit_scale=True)
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@click.command()
+@click.option("--start", "start_text", required=True, help="first boundary, e.g. 2026-01-01 (UTC)")
+@click.option("--end", "end_text", required=True, help="end of the range, exclusive, e.g. 2026-01-08")
+@click.option("--view", "view_names", multiple=True, help="a feature view to backfill (repeatable; default: all "
+              "views with offline=True)")
+@click.option("--parallelism", type=int, default=None, help="Flink parallelism (default: platform.flink)")
+@click.option("--jobmanager", default=None, help="host:port of a Flink cluster (default: platform.flink)")
+@click.pass_obj
+def backfill(ctx, start_text: str, end_text: str, view_names: tuple[str, ...], parallelism: int | None,
+             jobmanager: str | None) -> None:
+    """Compute the offline feature tables of [START, END) from the Parquet history with Flink, replacing that range."""
+    from batch.backfill import BackfillError, BackfillTarget, backfill as run_backfill
+    from dsl import DefinitionError
+
+    cfg = ctx.config()
+    repo = _load_repo(cfg)
+    start, end = parse_instant(start_text, "--start"), parse_instant(end_text, "--end")
+    try:
+        views = [repo.view(name) for name in view_names] or [v for v in repo.views if v.offline]
+    except DefinitionError as exc:
+        raise click.ClickException(str(exc)) from exc
+    target = BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers)
+    progress = TqdmProgress()
+    try:
+        summary = run_backfill(views, start, end, target, parallelism=parallelism or cfg.platform.flink.parallelism,
+                               jobmanager=jobmanager or cfg.platform.flink.jobmanager, progress=progress)
+    except BackfillError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        progress.close()
+    for result in summary.views:
+        click.echo(f"  {result.view}: {result.rows:,} rows in {result.files} files")
+    click.echo(f"backfilled {len(summary.views)} views over [{start.isoformat()}, {end.isoformat()}): "
+               f"{summary.events_read:,} rows read, {summary.rows_written:,} rows written, "
+               f"{summary.seconds:.1f} s")
+
+
+def read_entities(path: Path):
+    """Entity rows from Parquet or CSV (a CSV `event_timestamp` may hold ISO times or epoch milliseconds)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dsl.compile_feast import EVENT_TIMESTAMP
+
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pq.read_table(path)
+    if suffix != ".csv":
+        raise click.BadParameter(f"{path} is neither .parquet nor .csv", param_hint="--entities")
+    frame = pd.read_csv(path, dtype_backend="pyarrow")
+    if EVENT_TIMESTAMP in frame and not pd.api.types.is_integer_dtype(frame[EVENT_TIMESTAMP]):
+        frame[EVENT_TIMESTAMP] = pd.to_datetime(frame[EVENT_TIMESTAMP], utc=True, format="ISO8601")
+    return pa.Table.from_pandas(frame, preserve_index=False)
+
+
+def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
+    """Warn when part of the span the rows look at was never backfilled (values there read as NULL)."""
+    from batch.backfill_log import BackfillLog
+
+    first, last = (dt.datetime.fromtimestamp(int(t) / 1000, dt.timezone.utc) for t in (times_ms.min(),
+                                                                                         times_ms.max()))
+    backfill_log = BackfillLog(cfg.registry_url)
+    try:
+        for view in views:
+            gaps = backfill_log.gaps(cfg.project, view.name, first - view.ttl, last + dt.timedelta(milliseconds=1))
+            if gaps:
+                spans = ", ".join(f"[{a.isoformat()}, {b.isoformat()})" for a, b in gaps[:3])
+                click.secho(f"warning: `{view.name}` was never backfilled over {spans}"
+                            f"{' ...' if len(gaps) > 3 else ''}: rows there read NULL; run `featurectl backfill`",
+                            fg="yellow", err=True)
+    finally:
+        backfill_log.close()
+
+
+@click.command("training-set")
+@click.option("--entities", "entities_path", required=True, type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), help="Parquet or CSV: join keys and `event_timestamp` per row")
+@click.option("--service", default=None, help="feature service whose features to join")
+@click.option("--feature", "feature_refs", multiple=True, help="`view:feature` to join (repeatable), instead of "
+              "--service")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Parquet file to write")
+@click.option("--full-feature-names", is_flag=True, help="name columns `view__feature`")
+@click.pass_obj
+def training_set(ctx, entities_path: Path, service: str | None, feature_refs: tuple[str, ...], out_path: Path,
+                 full_feature_names: bool) -> None:
+    """Join point-in-time-correct feature values onto entity rows: as of each row's time, never later."""
+    import pyarrow.parquet as pq
+
+    from batch.training import TrainingSetError, request_times_ms, resolve_features, training_table
+    from dsl import DefinitionError
+    from dsl.compile_feast import EVENT_TIMESTAMP
+
+    if bool(service) == bool(feature_refs):
+        raise click.UsageError("pass either --service NAME or one or more --feature view:feature")
+    cfg = ctx.config()
+    repo = _load_repo(cfg)
+    began = time.monotonic()
+    entities = read_entities(entities_path)
+    features = service or list(feature_refs)
+    try:
+        table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
+        _warn_uncovered(cfg, [view for view, _ in resolve_features(repo, features)],
+                        request_times_ms(entities, EVENT_TIMESTAMP))
+    except (TrainingSetError, DefinitionError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out_path)
+    added = table.num_columns - entities.num_columns
+    click.echo(f"wrote {table.num_rows:,} rows x {added} features to {out_path} in {time.monotonic() - began:.1f} s")
+
+
+COMMANDS = [backfill, training_set]

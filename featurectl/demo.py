@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import click
@@ -31,11 +32,36 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int) -> None:
     click_ctx.invoke(repo_commands.apply)
     _step("batch: tiles of asset_activity from the Parquet history (Flink batch mode)")
     _show_tiles(ctx.config())
+    _step("backfill the offline feature tables, materialize the latest values into Redis")
+    from featurectl import batch_commands, materialize_commands
+
+    today = dt.datetime.now(dt.timezone.utc).date()
+    first, end = (today - dt.timedelta(days=days)).isoformat(), today.isoformat()
+    click_ctx.invoke(batch_commands.backfill, start_text=first, end_text=end, view_names=(), parallelism=None,
+                     jobmanager=None)
+    click_ctx.invoke(materialize_commands.materialize, start=first, end=end, views=())
+    _step("read back through the online SDK (feature service cube3d_conditioning)")
+    _show_online(ctx.config())
     _step("generate: a wooden version of one asset (tiny model on the CPU, v0.1 on a GPU)")
     from featurectl.generate_commands import demo_generation
 
     cfg = ctx.config()
     demo_generation(cfg, out=cfg.state_dir / "demo_asset.glb")
+
+
+def _show_online(cfg) -> None:
+    from serving import OnlineClient
+
+    client = OnlineClient.from_repo(cfg.repo_path, registry=cfg.registry_url)
+    ids = ["asset_000000", "asset_000001", "asset_000002"]
+    started = time.perf_counter()
+    columns = client.get_features("cube3d_conditioning", {"asset_id": ids})
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    client.close()
+    names = [n for n in columns if n != "asset_id"]
+    for i, asset_id in enumerate(ids):
+        click.echo(f"  {asset_id}: " + ", ".join(f"{n}={columns[n][i]}" for n in names))
+    click.echo(f"  ({len(ids)} entities x {len(names)} features in one round trip, {elapsed_ms:.2f} ms)")
 
 
 def _show_tiles(cfg) -> None:

@@ -22,7 +22,8 @@ def _shared_dir() -> Path | None:
 def shared_cube3d() -> Path:
     path = _shared_dir()
     if path is None:
-        pytest.skip("shared/cube3d test vectors not found (set CUBE3D_SHARED)")
+        pytest.fail("shared/cube3d test vectors not found beside or inside the checkout: "
+                    "set CUBE3D_SHARED to the folder holding tiny_reference.safetensors")
     return path
 
 

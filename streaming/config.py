@@ -1,0 +1,18 @@
+"""Settings of the streaming runner (defaults suit one machine; `featurectl stream` flags override them)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_interval_s: float = Field(10.0, gt=0, description="how often Flink checkpoints its state and offsets")
+    checkpoints_retained: int = Field(3, ge=1, description="completed checkpoints kept on disk")
+    mini_batch_latency_ms: int = Field(500, gt=0, description="longest an event waits in a tile mini-batch")
+    mini_batch_size: int = Field(20_000, gt=0, description="events per mini-batch at most")
+    state_ttl_margin_s: float = Field(60.0, ge=0, description="kept beyond tile + lateness before tile state expires")
+    consume_batch: int = Field(10_000, gt=0, description="tile updates the writer takes from Kafka at once")
+    coalesce_ms: int = Field(1_000, ge=0, description="while behind, the writer writes at most this often")
+    status_interval_s: float = Field(1.0, gt=0, description="how often the status file is rewritten")
+    parallelism: int = Field(1, ge=1, description="Flink parallelism")

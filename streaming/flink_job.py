@@ -1,0 +1,118 @@
+"""The Flink side of a stream: settings, start (resuming from the latest retained checkpoint of the same SQL),
+status, cancel. No Python runs inside the job: every operator is Flink SQL in the JVM.
+
+Checkpoints go to `<checkpoints>/<flink job id>/chk-N` (one folder per fingerprint of the job's SQL, so a job
+never restores state written by other SQL) and are retained on cancel and on crash; a restarted job restores
+the newest complete one (its operator state, and the Kafka offsets it had read to).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from streaming.config import StreamSettings
+from streaming.job_sql import JobPlan
+from streaming.source_sql import lateness_ms
+
+log = logging.getLogger(__name__)
+
+_DONE = ("FAILED", "CANCELED", "FINISHED")
+
+
+class StreamJobError(RuntimeError):
+    """The Flink job failed or could not start; the message says where its log is."""
+
+
+def state_ttl_ms(plan: JobPlan, settings: StreamSettings) -> int:
+    """How long a tile's state outlives its last update: the longest tile plus lateness, plus a margin."""
+    longest = max(int(v.view.tile.total_seconds() * 1000) + lateness_ms(v.view.source) for v in plan.views)
+    return longest + int(settings.state_ttl_margin_s * 1000)
+
+
+def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
+                  restore: Optional[Path]) -> dict[str, str]:
+    options = {
+        "pipeline.name": f"featurectl stream {plan.name}",
+        "pipeline.object-reuse": "true",  # chained operators hand records on without copying them
+        "execution.buffer-timeout.interval": "20 ms",  # a half-full network buffer waits at most this long
+        "table.exec.mini-batch.enabled": "true",
+        "table.exec.mini-batch.allow-latency": f"{settings.mini_batch_latency_ms} ms",
+        "table.exec.mini-batch.size": str(settings.mini_batch_size),
+        "table.exec.state.ttl": f"{state_ttl_ms(plan, settings)} ms",
+        "state.backend.type": "hashmap",
+        "execution.checkpointing.interval": f"{int(settings.checkpoint_interval_s * 1000)} ms",
+        "execution.checkpointing.dir": checkpoints.resolve().as_uri(),
+        "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+        "execution.checkpointing.num-retained": str(settings.checkpoints_retained),
+    }
+    if restore is not None:
+        options["execution.state-recovery.path"] = str(restore)
+    return options
+
+
+def completed_checkpoints(checkpoints: Path) -> list[Path]:
+    """Every complete checkpoint (a `chk-N` folder with its `_metadata`), oldest first."""
+    found = [p.parent for p in checkpoints.glob("*/chk-*/_metadata")]
+    return sorted(found, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1])))
+
+
+def latest_checkpoint(checkpoints: Path) -> Optional[Path]:
+    done = completed_checkpoints(checkpoints)
+    return done[-1] if done else None
+
+
+def prune_checkpoints(checkpoints: Path, job_id: str) -> None:
+    """Once the running job has a checkpoint of its own, the folders of earlier runs are not needed (hashmap
+    state: every checkpoint stands alone)."""
+    if not any((checkpoints / job_id).glob("chk-*/_metadata")):
+        return
+    for folder in checkpoints.iterdir():
+        if folder.is_dir() and folder.name != job_id:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class FlinkJob:
+    """One submitted job: `start` submits it (a local mini-cluster, or `jobmanager` host:port)."""
+
+    def __init__(self, client, log_dir: Path):
+        self.client = client
+        self.log_dir = log_dir
+        self.job_id = str(client.get_job_id())
+
+    @classmethod
+    def start(cls, plan: JobPlan, options: dict[str, str], log_dir: Path, jobmanager: Optional[str] = None,
+              parallelism: int = 1) -> "FlinkJob":
+        from batch.flink_env import create_table_env
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["FLINK_LOG_DIR"] = str(log_dir)  # read when PyFlink launches its JVM
+        env = create_table_env(streaming=True, options=options, jobmanager=jobmanager, parallelism=parallelism)
+        for statement in plan.ddl():
+            env.execute_sql(statement)
+        statements = env.create_statement_set()
+        for insert in plan.inserts():
+            statements.add_insert_sql(insert)
+        job = cls(statements.execute().get_job_client(), log_dir)
+        log.info("flink job %s submitted (%d tile queries, %d dead-letter queries)", job.job_id, len(plan.views),
+                 len(plan.sources))
+        return job
+
+    def status(self) -> str:
+        return str(self.client.get_job_status().result()).rsplit(".", 1)[-1]
+
+    def check(self) -> str:
+        """The job's status; raises when it has ended on its own."""
+        status = self.status()
+        if status in _DONE:
+            raise StreamJobError(f"the Flink job {self.job_id} is {status}; see the Flink log in {self.log_dir}")
+        return status
+
+    def cancel(self) -> None:
+        try:
+            self.client.cancel().result()
+        except Exception as exc:  # the job may already be gone (failed, or its JVM stopped); nothing to undo
+            log.warning("cancelling flink job %s: %s", self.job_id, exc)

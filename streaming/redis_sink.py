@@ -1,0 +1,109 @@
+"""Window values -> Redis in Feast's layout (`serving.redis_layout`), pipelined and event-time guarded.
+
+Each command is one EVALSHA of the materializer's guarded HSET over a block of entities: a key is written only
+when its stored `_ts:{view}` is not newer than ours, so a replay after a restart, or a slower writer, never moves
+a value back in time. `_ts` is the view's clock (the greatest event time seen), the instant the values are as of.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from itertools import chain
+from typing import Any, Sequence
+
+import hiredis
+import numpy as np
+from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
+
+from batch.materialize import GUARDED_HSET  # the one guarded-write script; shared with materialization
+from serving import redis_layout as layout
+from dsl.types import ValueType
+from streaming.windows import ViewLayout
+
+log = logging.getLogger(__name__)
+
+BLOCK = 128  # entities per EVALSHA
+RETRY_S = 60.0
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis stayed unreachable; the message says for how long and what to do."""
+
+_FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
+
+
+def _encode(values: list, kind: ValueType) -> list[bytes]:
+    """One feature of many entities as Value bytes; numbers go through numpy (NULLs masked)."""
+    if not (kind.is_numeric or kind is ValueType.TIMESTAMP):
+        return layout.encode_column(values, kind)
+    mask = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+    numbers = np.array([0 if v is None else v for v in values], dtype=np.float64 if kind in _FLOATS else np.int64)
+    return layout.encode_column(numbers, kind, mask if mask.any() else None)
+
+
+class RedisSink:
+    """Writes rows of one project; one pipelined round trip per `write`."""
+
+    def __init__(self, client, project: str):
+        self.client = client
+        self.project = project
+        self.sha = client.script_load(GUARDED_HSET)
+        self._views: dict[str, tuple] = {}
+
+    def _view(self, view_layout: ViewLayout) -> tuple:
+        name = view_layout.view.name
+        if name not in self._views:
+            view = view_layout.view
+            encoder = layout.KeyEncoder(self.project, view.entity.join_keys)
+            positions = [view_layout.key_columns.index(k) for k in encoder.order]
+            fields = [layout.field_name(name, s.name) for s in view_layout.specs]
+            kinds = [s.kind for s in view_layout.specs]
+            self._views[name] = (encoder, positions, layout.ts_field(name), fields, kinds)
+        return self._views[name]
+
+    def commands(self, view_layout: ViewLayout, rows: Sequence[tuple[tuple, list[Any]]], ts_ms: int) -> list[bytes]:
+        """Packed EVALSHA commands writing `rows` (entity key, values in the layout's feature order)."""
+        encoder, positions, ts_field, fields, kinds = self._view(view_layout)
+        ts_bytes = layout.encode_timestamp(ts_ms)
+        columns = zip(*(values for _, values in rows))
+        encoded = list(zip(*(_encode(list(c), k) for c, k in zip(columns, kinds))))
+        pairs = len(fields) + 1
+        out = []
+        for lo in range(0, len(rows), BLOCK):
+            keys = [encoder.key([key[p] for p in positions]) for key, _ in rows[lo:lo + BLOCK]]
+            args = chain.from_iterable((ts_ms, ts_field, ts_bytes, *chain.from_iterable(zip(fields, values)))
+                                       for values in encoded[lo:lo + BLOCK])
+            out.append(hiredis.pack_command(("EVALSHA", self.sha, len(keys), *keys, pairs, *args)))
+        return out
+
+    def send(self, commands: list[bytes]) -> int:
+        """One round trip for all commands; returns how many entities were written (not refused as older).
+
+        Writes are idempotent, so a failed round trip is sent again, for up to `RETRY_S` while Redis is away."""
+        if not commands:
+            return 0
+        deadline = time.monotonic() + RETRY_S
+        while True:
+            try:
+                return self._send(commands)
+            except NoScriptError:  # Redis restarted without our script: load it (same sha) and write again
+                self.client.script_load(GUARDED_HSET)
+            except (ConnectionError, TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise RedisUnavailable(f"Redis did not answer for {RETRY_S:.0f}s ({exc}); run `featurectl "
+                                           "services up`, then start the stream again") from exc
+                log.warning("writing to Redis failed (%s); retrying", exc)
+                time.sleep(1.0)
+
+    def _send(self, commands: list[bytes]) -> int:
+        pool = self.client.connection_pool
+        conn = pool.get_connection("EVALSHA")
+        try:
+            conn.send_packed_command(commands)
+            return sum(conn.read_response() for _ in commands)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)

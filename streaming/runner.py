@@ -1,0 +1,227 @@
+"""Runs one stream until told to stop: the Flink job (tiles and dead letters) and, in this process, the window
+writer that turns tiles into Redis values; a status file every second; a clean stop that leaves a checkpoint.
+
+One job per set of views: its folder `<state>/stream/<job>/` holds a lock (one runner at a time), the status
+file, Flink's log and the checkpoints. Killed at any point, the next run resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import redis
+from confluent_kafka import KafkaException
+
+from dsl.compile_flink import SourceSettings
+from dsl.feature_view import FeatureView
+from streaming.config import StreamSettings
+from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prune_checkpoints
+from streaming.job_sql import JobPlan, plan_job
+from streaming.metrics import StreamMetrics
+from streaming.redis_sink import RedisSink
+from streaming.source_sql import lateness_ms
+from streaming.status import stream_root, write_status
+from streaming.topics import SourceLag, ensure_topics
+from streaming.writer import WindowWriter
+
+log = logging.getLogger(__name__)
+
+JOB_CHECK_INTERVAL_S = 2.0
+
+
+class StreamError(RuntimeError):
+    """The stream cannot start or keep running; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster."""
+
+    project: str
+    redis_host: str
+    redis_port: int
+    source_settings: SourceSettings
+    state_dir: Path
+    jobmanager: Optional[str] = None
+
+
+def lookback_ms(views: Sequence[FeatureView]) -> int:
+    """How far back a job without a checkpoint reads its topics: enough to fill every window."""
+    spans = []
+    for view in views:
+        lengths = [w.length for a in view.aggregations for w in a.parsed_windows]
+        lengths += [view.ttl] if view.attributes else []
+        spans.append(int((max(lengths) + view.tile).total_seconds() * 1000) + lateness_ms(view.source))
+    return max(spans)
+
+
+def plan_for(target: Target, views: Sequence[FeatureView], all_views: Sequence[FeatureView]) -> JobPlan:
+    start = int(time.time() * 1000) - lookback_ms(views)
+    startup = {"scan.startup.mode": "timestamp", "scan.startup.timestamp-millis": str(max(start, 0))}
+    return plan_job(target.project, views, all_views, target.source_settings, startup)
+
+
+@contextmanager
+def job_lock(home: Path) -> Iterator[None]:
+    """Holds `<home>/lock` while the stream runs; the kernel drops it when the process dies, however it dies."""
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+            raise StreamError(f"stream `{home.name}` is already running (pid {holder}); stop it first, "
+                              f"or see `featurectl stream --status`") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def is_running(home: Path) -> bool:
+    """Whether a runner holds the job's lock right now."""
+    path = home / "lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _iso(ms: Optional[float]) -> Optional[str]:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
+
+
+class StreamRunner:
+    """One run of one stream; `run` blocks until `stop` is set or the job fails."""
+
+    def __init__(self, target: Target, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
+                 settings: StreamSettings):
+        if not views:
+            raise StreamError("no feature views to stream: define views whose source has a kafka_topic, "
+                              "or name them with --view")
+        self.target = target
+        self.settings = settings
+        self.plan = plan_for(target, views, all_views)
+        self.home = stream_root(target.state_dir) / self.plan.name
+        self.checkpoints = self.home / "checkpoints" / self.plan.fingerprint
+        self.metrics = StreamMetrics([v.view.name for v in self.plan.views],
+                                     {v.view.name: v.view.source.name for v in self.plan.views})
+        self.started = time.time()
+        self.state = "starting"
+        self.job: Optional[FlinkJob] = None
+        self.writer: Optional[WindowWriter] = None
+        self.restored_from: Optional[Path] = None
+        self.flink_status: Optional[str] = None
+        self.source_lag: Optional[SourceLag] = None
+
+    def run(self, stop: threading.Event) -> None:
+        with job_lock(self.home):
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            self._write_status()
+            try:
+                self._start()
+                self._loop(stop)
+            except BaseException:
+                self.state = "failed"
+                raise
+            finally:
+                self._stop()
+
+    def _start(self) -> None:
+        client = redis.Redis(self.target.redis_host, self.target.redis_port)
+        try:
+            client.ping()
+        except redis.ConnectionError as exc:
+            raise StreamError(f"Redis at {self.target.redis_host}:{self.target.redis_port} is not answering "
+                              f"({exc}): run `featurectl services up`") from exc
+        ensure_topics(self.plan)
+        self.source_lag = SourceLag(self.plan)
+        self.writer = WindowWriter(self.plan, RedisSink(client, self.target.project), self.metrics, self.settings)
+        self.state = "catching up"
+        self._write_status()
+        self.writer.catch_up()
+        self.restored_from = latest_checkpoint(self.checkpoints)
+        if self.restored_from:
+            log.info("resuming from checkpoint %s", self.restored_from)
+        options = flink_options(self.plan, self.settings, self.checkpoints, self.restored_from)
+        self.job = FlinkJob.start(self.plan, options, self.home / "flink-log", self.target.jobmanager,
+                                  self.settings.parallelism)
+        self.state = "running"
+
+    def _loop(self, stop: threading.Event) -> None:
+        next_status = next_check = 0.0
+        while not stop.is_set():
+            self.writer.step()
+            now = time.monotonic()
+            if now >= next_check:
+                self.flink_status = self.job.check()
+                prune_checkpoints(self.checkpoints, self.job.job_id)
+                next_check = now + JOB_CHECK_INTERVAL_S
+            if now >= next_status:
+                self._write_status()
+                next_status = now + self.settings.status_interval_s
+
+    def _stop(self) -> None:
+        failed = self.state == "failed"
+        if not failed:
+            self.state = "stopping"
+            self._write_status()
+        if self.job is not None:
+            self.job.cancel()
+            self.flink_status = "CANCELED"
+        if self.writer is not None:
+            self.writer.close()
+        if self.source_lag is not None:
+            self.source_lag.close()
+            self.source_lag = None
+        if not failed:
+            self.state = "stopped"
+        self._write_status()
+
+    def _checkpoint(self) -> Optional[dict]:
+        latest = latest_checkpoint(self.checkpoints)
+        if latest is None:
+            return None
+        return {"path": str(latest), "at": _iso((latest / "_metadata").stat().st_mtime * 1000)}
+
+    def _write_status(self) -> None:
+        status = {
+            "job": self.plan.name, "fingerprint": self.plan.fingerprint, "pid": os.getpid(), "state": self.state,
+            "project": self.target.project, "started_at": _iso(self.started * 1000),
+            "updated_at": _iso(time.time() * 1000),
+            "flink_job_id": self.job.job_id if self.job else None, "flink_status": self.flink_status,
+            "restored_from": str(self.restored_from) if self.restored_from else None,
+            "checkpoint": self._checkpoint(),
+            "topics": {"tiles": [v.tiles_topic for v in self.plan.views],
+                       "dead_letters": [s.dead_letter_topic for s in self.plan.sources]},
+            "consumer_groups": self.plan.consumer_groups,
+            **self.metrics.snapshot(),
+        }
+        if self.writer is not None and self.source_lag is not None:  # both open while running
+            try:
+                status["lag"] = {"source_events": self.source_lag.events(),
+                                 "tile_updates": self.writer.tiles_behind()}
+            except KafkaException as exc:  # Kafka away for a moment: the status goes out without the lag
+                log.warning("measuring the lag: %s", exc)
+        if self.writer is not None:
+            for view, held in self.writer.held().items():
+                status["views"][view].update(entities=held["entities"], tiles=held["tiles"],
+                                             head_event_time=_iso(held["clock_ms"]))
+        write_status(self.home, status)

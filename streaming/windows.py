@@ -1,0 +1,285 @@
+"""Tiles -> window values for one view, incrementally: the streaming side of `dsl.aggregates`' window semantics.
+
+The clock is the view's latest tile: the tile of the greatest event time seen on its source (`current`). The
+served value of a window of W tiles is its value at boundary (current + 1) * tile, i.e. over the tiles
+[current - W + 1, current]: the still-open tile counts, and once it closes the value is the boundary value.
+When the clock moves to a later tile, tiles leave windows for every entity that has them, whether or not that
+entity has new events; tiles older than the longest window are dropped.
+
+Per entity and window length the writer keeps one accumulator per tile column: integer sums move by deltas,
+min/max/last/HLL only grow while the window's tiles do (a tile update always carries more events than the one it
+replaces, see `apply`) and are rebuilt from the remaining tiles when a tile leaves. Float sums are re-added with
+`math.fsum` (exact, in any order). Final values come from `dsl.aggregates.finalize`, as in every other runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from dsl import aggregates
+from dsl.compile_flink import CompiledView
+from dsl.feature_view import FeatureView
+from dsl.features import Attribute
+from dsl.types import ValueType
+from streaming.hll import HllUnion, delta_entries, estimates
+from streaming.job_sql import CLOCK_COLUMN, EVENTS_COLUMN
+
+SUM_INT, SUM_FLOAT, MIN, MAX, LAST, HLL, BOOKKEEPING = range(7)
+_MERGES = {"min": MIN, "max": MAX, "last": LAST, "hll": HLL}
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One served feature: `op` over the window in `slot`, reading tile columns (by partial suffix -> index)."""
+
+    name: str
+    op: str
+    kind: ValueType
+    slot: int
+    columns: dict[str, int]
+
+
+class ViewLayout:
+    """What the writer needs to know about a view: tile size, window lengths, features, tile column merges."""
+
+    def __init__(self, view: FeatureView, compiled: CompiledView):
+        self.view = view
+        self.tile_ms = int(view.tile.total_seconds() * 1000)
+        self.key_columns = compiled.key_columns
+        self.column_names = [c.name for c in compiled.tile_columns]
+        index = {name: j for j, name in enumerate(self.column_names)}
+        self.events_column, self.clock_column = index[EVENTS_COLUMN], index[CLOCK_COLUMN]
+        self.merges = [self._merge(c) for c in compiled.tile_columns]
+        self.hll_columns = [j for j, m in enumerate(self.merges) if m == HLL]
+        by_base: dict[str, dict[str, int]] = {}
+        for j, column in enumerate(compiled.tile_columns):
+            by_base.setdefault(column.base, {})[column.partial.suffix] = j
+        raw_specs = self._raw_specs(view, by_base)
+        self.lengths = sorted({length for _, _, _, length, _ in raw_specs})
+        self.specs = [FeatureSpec(name, op, kind, self.lengths.index(length), columns)
+                      for name, op, kind, length, columns in raw_specs]
+        self.slot_columns = [sorted({j for s in self.specs if s.slot == k for j in s.columns.values()})
+                             for k in range(len(self.lengths))]
+        self.longest = self.lengths[-1]
+
+    @staticmethod
+    def _merge(column) -> int:
+        if column.name in (EVENTS_COLUMN, CLOCK_COLUMN):
+            return BOOKKEEPING
+        if column.partial.merge == "sum":
+            return SUM_INT if column.sql_type in ("BIGINT", "INT") else SUM_FLOAT
+        return _MERGES[column.partial.merge]
+
+    @staticmethod
+    def _raw_specs(view: FeatureView, by_base: dict[str, dict[str, int]]) -> list[tuple]:
+        """(name, op, kind, window in tiles, columns) per output feature, in declaration order; an Attribute is
+        `last` over the view's ttl (as in the batch window builder)."""
+        kinds = view.output_schema()
+        out = []
+        for feature in view.features:
+            if isinstance(feature, Attribute):
+                name = feature.feature_names[0]
+                out.append((name, "last", kinds[name], max(1, view.ttl // view.tile), by_base[name]))
+                continue
+            for window in feature.parsed_windows:
+                name = feature.feature_name(window)
+                out.append((name, feature.op, kinds[name], window.length // view.tile, by_base[feature.base_name]))
+        return out
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+
+class _Entity:
+    __slots__ = ("tiles", "acc")
+
+    def __init__(self, layout: ViewLayout):
+        self.tiles: dict[int, tuple] = {}  # tile index (start // tile) -> tile column values
+        self.acc: list[list[Any]] = [_empty_accumulators(layout, k) for k in range(len(layout.lengths))]
+
+
+def _empty_accumulators(layout: ViewLayout, slot: int) -> list[Any]:
+    acc: list[Any] = [None] * len(layout.merges)
+    for j in layout.slot_columns[slot]:
+        if layout.merges[j] == SUM_INT:
+            acc[j] = 0
+    return acc
+
+
+class WindowState:
+    """All entities of one view; `apply` tile updates, then `take_dirty` the rows whose values changed."""
+
+    def __init__(self, layout: ViewLayout):
+        self.layout = layout
+        self.entities: dict[tuple, _Entity] = {}
+        self.index: dict[int, set[tuple]] = {}  # tile index -> entities holding that tile
+        self.current: Optional[int] = None
+        self.head_ms: Optional[int] = None  # greatest event time seen
+        self.dirty: set[tuple] = set()
+        # Per feature: op, window slot, (partial suffix, tile column) pairs, and a reused input of `finalize`.
+        self._plan = [(s.op, s.slot, tuple(s.columns.items()), {}) for s in layout.specs]
+
+    def apply(self, key: tuple, tile_start: int, values: tuple) -> int:
+        """Take one tile update; returns the events it adds, 0 when it is stale (no more events than the version
+        held) or outside every window. A replay after a restart re-sends older versions of tiles: they carry fewer
+        events and are skipped, so values never move back."""
+        layout = self.layout
+        tile = tile_start // layout.tile_ms
+        clock = values[layout.clock_column]
+        if clock is not None and (self.head_ms is None or clock > self.head_ms):
+            self.head_ms = clock
+        if self.current is None or tile > self.current:
+            self.advance(tile)
+        if tile <= self.current - layout.longest:
+            return 0
+        entity = self.entities.get(key)
+        if entity is None:
+            entity = self.entities[key] = _Entity(layout)
+        old = entity.tiles.get(tile)
+        events = layout.events_column
+        if old is not None and values[events] <= old[events]:
+            return 0
+        entity.tiles[tile] = values
+        self.index.setdefault(tile, set()).add(key)
+        deltas = {j: delta_entries(values[j], old[j] if old is not None else None)
+                  for j in layout.hll_columns if values[j]}
+        for slot, length in enumerate(layout.lengths):
+            if tile > self.current - length:
+                self._add(entity.acc[slot], slot, tile, values, old, entity, deltas)
+        self.dirty.add(key)
+        return values[events] - (old[events] if old is not None else 0)
+
+    def _add(self, acc: list, slot: int, tile: int, new: tuple, old: Optional[tuple], entity: _Entity,
+             deltas: dict) -> None:
+        merges = self.layout.merges
+        for j in self.layout.slot_columns[slot]:
+            value, merge = new[j], merges[j]
+            if merge == SUM_INT:
+                acc[j] += (value or 0) - ((old[j] or 0) if old is not None else 0)
+            elif value is None:
+                continue
+            elif merge == MAX:
+                if acc[j] is None or value > acc[j]:
+                    acc[j] = value
+            elif merge == MIN:
+                if acc[j] is None or value < acc[j]:
+                    acc[j] = value
+            elif merge == LAST:
+                if acc[j] is None or tile >= acc[j][0]:
+                    acc[j] = (tile, value)
+            elif merge == HLL:
+                if acc[j] is None:
+                    acc[j] = HllUnion()
+                acc[j].add_entries(*deltas[j])
+            elif merge == SUM_FLOAT:
+                acc[j] = self._fsum(entity, slot, j)
+
+    def _window_tiles(self, entity: _Entity, slot: int) -> list[tuple[int, tuple]]:
+        """The entity's tiles inside the window of `slot`, in time order."""
+        first = self.current - self.layout.lengths[slot] + 1
+        return sorted((t, v) for t, v in entity.tiles.items() if t >= first)
+
+    def _fsum(self, entity: _Entity, slot: int, j: int) -> Optional[float]:
+        values = [v[j] for _, v in self._window_tiles(entity, slot) if v[j] is not None]
+        return math.fsum(values) if values else None
+
+    def advance(self, tile: int) -> None:
+        """Move the clock to `tile`: tiles leave the windows they no longer belong to, for every entity."""
+        previous = self.current
+        if previous is not None and tile <= previous:
+            return
+        self.current = tile
+        if previous is None:
+            return
+        touched: dict[tuple, set[int]] = {}
+        for slot, length in enumerate(self.layout.lengths):
+            first_gone, last_gone = previous - length + 1, tile - length
+            for t in [t for t in self.index if first_gone <= t <= last_gone]:
+                for key in self.index[t]:
+                    entity = self.entities[key]
+                    self._subtract(entity.acc[slot], slot, entity.tiles[t])
+                    touched.setdefault(key, set()).add(slot)
+        for t in [t for t in self.index if t <= tile - self.layout.longest]:
+            for key in self.index.pop(t):
+                del self.entities[key].tiles[t]
+        for key, slots in touched.items():
+            entity = self.entities[key]
+            for slot in slots:
+                self._rebuild(entity, slot)
+            self.dirty.add(key)
+
+    def _subtract(self, acc: list, slot: int, values: tuple) -> None:
+        for j in self.layout.slot_columns[slot]:
+            if self.layout.merges[j] == SUM_INT:
+                acc[j] -= values[j] or 0
+
+    def _rebuild(self, entity: _Entity, slot: int) -> None:
+        """Recompute the accumulators that cannot subtract (all but integer sums) from the window's tiles."""
+        acc = entity.acc[slot]
+        tiles = self._window_tiles(entity, slot)
+        for j in self.layout.slot_columns[slot]:
+            merge = self.layout.merges[j]
+            if merge == SUM_INT:
+                continue
+            if merge == SUM_FLOAT:
+                acc[j] = self._fsum(entity, slot, j)
+                continue
+            acc[j] = None
+            for t, values in tiles:
+                if values[j] is not None:
+                    acc[j] = self._combine(merge, acc[j], t, values[j])
+
+    @staticmethod
+    def _combine(merge: int, current: Any, tile: int, value: Any) -> Any:
+        if merge == MAX:
+            return value if current is None or value > current else current
+        if merge == MIN:
+            return value if current is None or value < current else current
+        if merge == LAST:
+            return (tile, value)  # tiles come in time order
+        union = current or HllUnion()  # HLL
+        union.add(value)
+        return union
+
+    def take_dirty(self) -> list[tuple[tuple, list[Any]]]:
+        """(key, feature values) of every entity whose values may have changed since the last call; entities
+        left without tiles are written once (empty windows) and forgotten."""
+        rows: list[tuple[tuple, list[Any]]] = []
+        pending: list[tuple[list[Any], int, HllUnion]] = []
+        for key in self.dirty:
+            entity = self.entities.get(key)
+            if entity is None:
+                continue
+            values = self._values(entity, pending)
+            rows.append((key, values))
+            if not entity.tiles:
+                del self.entities[key]
+        for (values, i, _), estimate in zip(pending, estimates([u for _, _, u in pending])):
+            values[i] = estimate
+        self.dirty = set()
+        return rows
+
+    def _values(self, entity: _Entity, pending: list) -> list[Any]:
+        out: list[Any] = []
+        acc = entity.acc
+        for op, slot, columns, merged in self._plan:
+            if op == "approx_distinct":
+                union = acc[slot][columns[0][1]]
+                if union is not None:
+                    pending.append((out, len(out), union))
+                out.append(0)  # an empty window counts 0 distinct values
+                continue
+            window = acc[slot]
+            for suffix, j in columns:
+                value = window[j]
+                merged[suffix] = value[1] if type(value) is tuple else value  # a `last` is (tile, value)
+            out.append(aggregates.finalize(op, merged))
+        return out
+
+    def tiles_held(self) -> int:
+        return sum(len(keys) for keys in self.index.values())
+
+

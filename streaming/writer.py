@@ -1,0 +1,157 @@
+"""The window writer: the job's tile topics -> per-view window state -> Redis, and dead letters -> counts.
+
+It keeps no state of its own on disk. On start it reads the tile topics from their beginning to their current
+end (compaction and retention keep them at one version per entity and tile within the longest window) and only
+then writes Redis, so a restart resumes from state at least as new as what Redis holds; it then follows the
+topics, writing after every batch it takes (at most once a second while it is behind, so that the updates of an
+entity in that time become one write).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from streaming.config import StreamSettings
+from streaming.job_sql import JobPlan
+from streaming.metrics import StreamMetrics
+from streaming.redis_sink import RedisSink
+from streaming.tile_codec import TileDecoder
+from streaming.windows import ViewLayout, WindowState
+
+log = logging.getLogger(__name__)
+
+
+class _View:
+    def __init__(self, job, metrics: StreamMetrics):
+        self.layout = ViewLayout(job.view, job.compiled)
+        self.state = WindowState(self.layout)
+        self.decoder = TileDecoder(self.layout)
+        self.counters = metrics.views[job.view.name]
+
+
+class WindowWriter:
+    """Follows the tile topics of `plan` and keeps Redis equal to the window values they imply."""
+
+    def __init__(self, plan: JobPlan, sink: RedisSink, metrics: StreamMetrics, settings: StreamSettings):
+        self.sink = sink
+        self.metrics = metrics
+        self.batch = settings.consume_batch
+        self.coalesce_s = settings.coalesce_ms / 1000
+        self._flushed = time.monotonic()
+        self._clocks: list[int] = []
+        self.views = {job.tiles_topic: _View(job, metrics) for job in plan.views}
+        common = {"bootstrap.servers": plan.bootstrap_servers, "enable.auto.commit": False,
+                  "group.id": f"featurectl-writer-{plan.fingerprint}", "fetch.wait.max.ms": 10}
+        self.tiles = Consumer({**common, "isolation.level": "read_uncommitted"})
+        self.tiles.assign(self._partitions(list(self.views)))
+        self.dead = Consumer({**common, "isolation.level": "read_committed"})
+        self.dead.assign(self._partitions([s.dead_letter_topic for s in plan.sources]))
+
+    def _partitions(self, topics: list[str]) -> list[TopicPartition]:
+        metadata = self.tiles.list_topics(timeout=30)
+        return [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in metadata.topics[t].partitions]
+
+    def catch_up(self, timeout_s: float = 600.0) -> int:
+        """Read every tile update written so far without writing Redis, then write every entity once."""
+        ends = {(tp.topic, tp.partition): self.tiles.get_watermark_offsets(tp, timeout=30)[1]
+                for tp in self.tiles.assignment()}
+        done = {k: 0 for k in ends}
+        deadline = time.monotonic() + timeout_s
+        applied = 0
+        while any(done[k] < ends[k] for k in ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading the tile topics took over {timeout_s:.0f}s; is Kafka up?")
+            for message in self._take(1.0):
+                done[(message.topic(), message.partition())] = message.offset() + 1
+                applied += bool(self._apply(message)[0])
+        for view in self.views.values():
+            view.state.dirty = set(view.state.entities)
+            view.counters.history.clear()
+        self._flush([])
+        log.info("caught up on %d tile updates (%s)", applied, ", ".join(
+            f"{v.layout.view.name}: {len(v.state.entities)} entities" for v in self.views.values()))
+        return applied
+
+    def step(self, timeout_s: float = 0.1) -> int:
+        """Take one batch of tile updates and write what changed; returns how many updates it took.
+
+        A full batch means more is waiting: the writer is behind, and it holds the write back (up to
+        `coalesce_s`) so that several updates of an entity become one write."""
+        messages = self._take(timeout_s)
+        for message in messages:
+            added, clock = self._apply(message)
+            if added:
+                self._clocks.append(clock)
+        behind = len(messages) == self.batch
+        if not behind or time.monotonic() - self._flushed >= self.coalesce_s:
+            self._flush(self._clocks)
+            self._clocks = []
+            self._count_dead_letters()
+        return len(messages)
+
+    def _take(self, timeout_s: float) -> list:
+        """A batch of tile messages; transient Kafka errors are logged (the client retries), fatal ones raised."""
+        out = []
+        for message in self.tiles.consume(num_messages=self.batch, timeout=timeout_s):
+            error = message.error()
+            if error is None:
+                out.append(message)
+            elif error.fatal():
+                raise KafkaException(error)
+            else:
+                log.warning("reading the tile topics: %s", error)
+        return out
+
+    def _apply(self, message) -> tuple[int, int]:
+        """(events the update adds, greatest event time in its tile)."""
+        view = self.views[message.topic()]
+        row = view.decoder.decode(message.value())
+        if row is None:
+            return 0, 0
+        added = view.state.apply(*row)
+        if added:
+            view.counters.events += added
+            view.counters.tiles_applied += 1
+        else:
+            view.counters.tiles_stale += 1
+        return added, row[2][view.layout.clock_column]
+
+    def _flush(self, clocks: list[int]) -> None:
+        for view in self.views.values():
+            rows = view.state.take_dirty()
+            if not rows:
+                continue
+            written = self.sink.send(self.sink.commands(view.layout, rows, view.state.head_ms))
+            view.counters.writes += written
+            view.counters.refused += len(rows) - written
+        self._flushed = time.monotonic()
+        if clocks:
+            self.metrics.record_lags(int(time.time() * 1000), clocks)
+
+    def _count_dead_letters(self) -> None:
+        for message in self.dead.consume(num_messages=1000, timeout=0):
+            if message.error() or message.value() is None:
+                continue
+            reason = json.loads(message.value()).get("reason", "unknown")
+            self.metrics.dead_letters[reason] = self.metrics.dead_letters.get(reason, 0) + 1
+
+    def tiles_behind(self) -> int:
+        """Tile updates written to the topics and not read yet: above zero and growing, the writer is behind."""
+        behind = 0
+        for tp in self.tiles.position(self.tiles.assignment()):
+            high = self.tiles.get_watermark_offsets(tp, timeout=5, cached=True)[1]
+            behind += max(0, high - max(tp.offset, 0))
+        return behind
+
+    def held(self) -> dict[str, dict]:
+        """Per view: entities and tiles in memory, and the clock (greatest event time, ms)."""
+        return {v.layout.view.name: {"entities": len(v.state.entities), "tiles": v.state.tiles_held(),
+                                     "clock_ms": v.state.head_ms} for v in self.views.values()}
+
+    def close(self) -> None:
+        self.tiles.close()
+        self.dead.close()

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from serving.redis_connect import RedisSettings
 
 DEFAULT_REPO = Path("feature_repo")
 
@@ -41,6 +44,14 @@ class FlinkSettings(BaseModel):
     parallelism: int = 1
 
 
+class AuthSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(False, description="require an API key on POST /get-online-features and POST /generate "
+                                             "(`featurectl keys create`); `serve --require-api-key` also turns it on")
+    refresh_s: float = Field(10.0, gt=0, description="seconds between reloads of the keys (revocations take effect) "
+                                                     "and flushes of usage to the registry database")
+
+
 class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state_dir: str = "../.featurectl"
@@ -48,6 +59,7 @@ class PlatformSettings(BaseModel):
     kafka: KafkaSettings = KafkaSettings()
     postgres: PostgresSettings = PostgresSettings()
     flink: FlinkSettings = FlinkSettings()
+    auth: AuthSettings = AuthSettings()
 
 
 class ProjectConfig:
@@ -76,6 +88,14 @@ class ProjectConfig:
         host_port = conn.split(",")[0]
         host, _, port = host_port.rpartition(":")
         return host or "127.0.0.1", int(port)
+
+    def redis_settings(self, timeout_s: float = 1.0) -> "RedisSettings":
+        """`serving.redis_connect.RedisSettings` (nodes, AUTH, TLS) from `online_store`; build clients from it."""
+        from serving.redis_connect import RedisSettings
+
+        store = self.raw.get("online_store") or {}
+        return RedisSettings.parse(store.get("connection_string", "127.0.0.1:6379"),
+                                   store.get("redis_type", "redis"), timeout_s)
 
     @property
     def uses_postgres_registry(self) -> bool:
@@ -115,5 +135,5 @@ def load_config(repo_path: Path | str = DEFAULT_REPO, registry_override: Optiona
             f"no feature_store.yaml in {path.resolve()}: run featurectl from the project root or pass --repo PATH"
         )
     with yaml_path.open() as fh:
-        raw = yaml.safe_load(fh) or {}
+        raw = yaml.safe_load(os.path.expandvars(fh.read())) or {}  # `${VAR}`, as Feast reads the file
     return ProjectConfig(path, raw, registry_override)

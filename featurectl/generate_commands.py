@@ -139,16 +139,23 @@ def generate(ctx, prompt: str, asset_id: Optional[str], out: Path, seed: int, to
 @click.option("--queue-size", type=click.IntRange(1, 100_000), default=None, help="requests waiting before 429")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 3600), default=None,
               help="default per-request deadline in seconds")
+@click.option("--require-api-key/--no-require-api-key", default=None,
+              help="ask POST /generate and GET /jobs/ID for an API key (`featurectl keys`); default: "
+                   "platform.auth.enabled in feature_store.yaml (off in the example repo)")
 @_model_options
 @click.pass_obj
 def generate_server(ctx, host: str, port: int, queue_size: Optional[int], timeout_s: Optional[float],
-                    config_name: str, **overrides: Any) -> None:
+                    require_api_key: Optional[bool], config_name: str, **overrides: Any) -> None:
     """Serve POST /generate (mesh or job id), GET /jobs/ID, /metrics, /stats over HTTP."""
     from inference.service.http_app import serve
+    from serving.gateway import Gateway
 
     cfg = service_config(config_name, queue_size=queue_size, timeout_s=timeout_s, **overrides)
     project = ctx.config()
-    serve(lambda: build_service(project, cfg, warm_up=True), host, port)
+    auth = project.platform.auth
+    required = auth.enabled if require_api_key is None else require_api_key
+    make_gateway = (lambda: Gateway.open(project.registry_url, auth.refresh_s)) if required else None
+    serve(lambda: build_service(project, cfg, warm_up=True), host, port, make_gateway)
 
 
 COMMANDS = [generate, generate_server]

@@ -15,7 +15,10 @@ def _store(ctx):
 
 @click.group()
 def keys() -> None:
-    """API keys, stored hashed in the registry database, with per-minute budgets."""
+    """API keys, stored hashed in the registry database, with per-minute budgets.
+
+    Servers ask for them when `platform.auth.enabled` is true or they run with `--require-api-key`.
+    """
 
 
 @keys.command()
@@ -55,7 +58,7 @@ def list_keys(ctx) -> None:
 @click.argument("key_id")
 @click.pass_obj
 def revoke(ctx, key_id: str) -> None:
-    """Revoke a key by id; servers stop accepting it within their refresh interval (10 s)."""
+    """Revoke a key by id; servers stop accepting it within platform.auth.refresh_s (10 s by default)."""
     from serving.api_keys import ApiKeyError
 
     try:
@@ -69,7 +72,8 @@ def revoke(ctx, key_id: str) -> None:
 @click.option("--since-minutes", default=60, show_default=True)
 @click.pass_obj
 def usage(ctx, since_minutes: int) -> None:
-    """Requests, generated tokens and throttled requests per key."""
+    """Requests, generated shape tokens and throttled (429) requests per key; servers write usage every
+    platform.auth.refresh_s and at shutdown."""
     since = int(time.time() // 60) - since_minutes
     click.echo(f"{'key':<10}{'name':<22}{'requests':>10}{'tokens':>10}{'throttled':>11}")
     for key_id, name, requests, tokens, rejected in _store(ctx).usage(since):

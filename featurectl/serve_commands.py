@@ -32,8 +32,12 @@ def _print_stats(url: str) -> None:
               help="seconds to wait for Redis before answering 503")
 @click.option("--stats", "stats_url", default=None, metavar="URL",
               help="print P50/P90/P99/P99.9 per endpoint of the server at URL, then exit")
+@click.option("--require-api-key/--no-require-api-key", default=None,
+              help="ask every POST /get-online-features for an API key (`featurectl keys`); default: "
+                   "platform.auth.enabled in feature_store.yaml (off in the example repo)")
 @click.pass_obj
-def serve(ctx, host: str, port: int, workers: int, timeout_s: float, stats_url: str | None) -> None:
+def serve(ctx, host: str, port: int, workers: int, timeout_s: float, stats_url: str | None,
+          require_api_key: bool | None) -> None:
     """Serve features over HTTP: Feast's POST /get-online-features, /health, /ready, /metrics, /openapi.json."""
     if stats_url:
         _print_stats(stats_url)
@@ -41,7 +45,7 @@ def serve(ctx, host: str, port: int, workers: int, timeout_s: float, stats_url: 
     cfg = ctx.config()
     from serving.server import serve as run_server
 
-    run_server(cfg.repo_path, cfg.registry_url, host, port, workers, timeout_s)
+    run_server(cfg.repo_path, cfg.registry_url, host, port, workers, timeout_s, require_api_key)
 
 
 COMMANDS = [serve]

@@ -114,16 +114,24 @@ class KeyStore:
             return {r.key_id: (r.key_hash, _row_to_key(r)) for r in rows}
 
     def add_usage(self, counts: dict[tuple[str, int], list[int]]) -> None:
-        """Add (requests, tokens, rejected) per (key, minute) to the usage table."""
+        """Add (requests, tokens, rejected) per (key, minute) to the usage table, removing each entry from
+        `counts` once it is committed (on failure, what is left was not written)."""
+        for (key_id, minute), (requests, tokens, rejected) in list(counts.items()):
+            where = (USAGE.c.key_id == key_id) & (USAGE.c.minute == minute)
+            add = USAGE.update().where(where).values(requests=USAGE.c.requests + requests,
+                                                     tokens=USAGE.c.tokens + tokens,
+                                                     rejected=USAGE.c.rejected + rejected)
+            try:
+                self._upsert(add, USAGE.insert().values(key_id=key_id, minute=minute, requests=requests,
+                                                        tokens=tokens, rejected=rejected))
+            except sa.exc.IntegrityError:  # another server process inserted the same minute first
+                self._upsert(add, None)
+            del counts[(key_id, minute)]
+
+    def _upsert(self, update, insert) -> None:
         with self.engine.begin() as conn:
-            for (key_id, minute), (requests, tokens, rejected) in counts.items():
-                where = (USAGE.c.key_id == key_id) & (USAGE.c.minute == minute)
-                updated = conn.execute(USAGE.update().where(where).values(
-                    requests=USAGE.c.requests + requests, tokens=USAGE.c.tokens + tokens,
-                    rejected=USAGE.c.rejected + rejected))
-                if updated.rowcount == 0:
-                    conn.execute(USAGE.insert().values(key_id=key_id, minute=minute, requests=requests,
-                                                       tokens=tokens, rejected=rejected))
+            if conn.execute(update).rowcount == 0 and insert is not None:
+                conn.execute(insert)
 
     def usage(self, since_minute: int = 0) -> list[tuple[str, str, int, int, int]]:
         """(key_id, name, requests, tokens, rejected) per key since a minute (epoch minutes)."""
@@ -161,6 +169,7 @@ class Authenticator:
         return entry[1]
 
     def count(self, key: ApiKey, requests: int = 0, tokens: int = 0, rejected: int = 0) -> None:
+        """Add to the key's usage of this minute (in memory; `flush` writes it)."""
         minute = int(time.time() // 60)
         with self._lock:
             totals = self._usage.setdefault((key.key_id, minute), [0, 0, 0])
@@ -169,10 +178,21 @@ class Authenticator:
             totals[2] += rejected
 
     def flush(self) -> None:
+        """Write the counted usage to the registry database; what could not be written is kept for next time."""
         with self._lock:
             pending, self._usage = self._usage, {}
-        if pending:
+        if not pending:
+            return
+        try:
             self.store.add_usage(pending)
+        finally:
+            if pending:
+                with self._lock:
+                    for slot, (requests, tokens, rejected) in pending.items():
+                        totals = self._usage.setdefault(slot, [0, 0, 0])
+                        totals[0] += requests
+                        totals[1] += tokens
+                        totals[2] += rejected
 
     def _loop(self) -> None:
         while not self._stop.wait(self.refresh_s):

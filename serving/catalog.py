@@ -1,14 +1,17 @@
 """What the server needs from Feast's registry, read once and refreshed in the background.
 
 The request path never touches the registry: it reads an immutable `Catalog` (views, their features and types,
-join keys, ttl, services), swapped atomically by `CatalogRefresher` every `cache_ttl_seconds`.
+join keys, ttl, services), swapped atomically by `CatalogRefresher` every `cache_ttl_seconds`. When the registry
+becomes unreachable (its PostgreSQL down), the server keeps serving the last catalog read and says so in `/ready`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -99,6 +102,8 @@ class CatalogRefresher:
         self._versioning = bool(getattr(repo_config.registry, "enable_online_feature_view_versioning", False))
         self.interval_s = interval_s if interval_s is not None else (repo_config.registry.cache_ttl_seconds or 60)
         self.catalog = load_catalog(self._registry, self._project, self._versioning)
+        self.loaded_at = time.time()  # the last successful read of the registry
+        self.error: Optional[str] = None  # why the last reload failed; None after a successful one
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -110,6 +115,7 @@ class CatalogRefresher:
     def refresh(self) -> Catalog:
         """Reload now; an unchanged registry keeps the current catalog (and the plans cached against it)."""
         new = load_catalog(self._registry, self._project, self._versioning)
+        self.loaded_at, self.error = time.time(), None
         if new.views != self.catalog.views or new.services != self.catalog.services:
             self.catalog = new
             logger.info("registry changed: %d views, %d services", len(new.views), len(new.services))
@@ -120,7 +126,16 @@ class CatalogRefresher:
             try:
                 self.refresh()
             except RegistryError as exc:
+                self.error = str(exc)
                 logger.warning("registry refresh failed, serving the previous definitions: %s", exc)
+
+    def state(self) -> dict[str, Any]:
+        """For `/ready`: `current`, or `cached` while reloads fail (the definitions served are those read at
+        `loaded_at`), with the reason."""
+        loaded = dt.datetime.fromtimestamp(self.loaded_at, dt.timezone.utc).isoformat()
+        if self.error is None:
+            return {"state": "current", "loaded_at": loaded}
+        return {"state": "cached", "loaded_at": loaded, "error": self.error}
 
     def close(self) -> None:
         self._stop.set()

@@ -3,7 +3,8 @@
 
 No web framework on the hot path: a request is routed by a dict lookup, parsed by orjson, checked by hand
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
-log-linear histograms. Redis failures become 503 within the client's timeout.
+log-linear histograms. Redis failures become 503 within the client's timeout. With API keys on
+(`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import orjson
 
 from serving.client import AsyncOnlineClient
 from serving.errors import RedisUnavailableError, RequestError, ServingError, UnknownServiceError
+from serving.gateway import REQUESTS, Gateway, Refusal, key_from_headers
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
 from serving.stats import ServerStats
@@ -29,6 +31,7 @@ MAX_BODY_BYTES = 1 << 20
 MAX_ROWS = 10_000
 JSON = b"application/json"
 Reply = tuple[int, bytes, bytes]  # status, body, content type
+Answer = tuple[int, bytes, bytes, Any]  # a Reply and extra (name, value) headers
 
 
 class BadRequest(RequestError):
@@ -45,6 +48,12 @@ class TooLarge(BadRequest):
 
 def _error(status: int, exc: Exception, code: Optional[str] = None) -> Reply:
     return status, orjson.dumps({"error": str(exc), "code": code or getattr(exc, "code", "error")}), JSON
+
+
+def _refused(refusal: Refusal) -> tuple[int, bytes, bytes, Optional[str], Any]:
+    """A gateway refusal (401/403/429) as `get_online_features` answers it; no service label."""
+    return refusal.status, orjson.dumps({"error": refusal.message, "code": refusal.code}), JSON, None, \
+        refusal.headers
 
 
 def parse_request(body: bytes) -> tuple[Any, dict, bool]:
@@ -101,9 +110,12 @@ class FeatureServer:
     any other ASGI server.
     """
 
-    def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None):
+    def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
+                 make_gateway: Optional[Callable[[], Gateway]] = None):
         self.make_client = make_client
+        self.make_gateway = make_gateway  # None: no API keys asked (the local demo); else checked per request
         self.client: Optional[AsyncOnlineClient] = None
+        self.gateway: Optional[Gateway] = None
         self.stats = stats or ServerStats()
         self.routes: dict[str, tuple[str, Callable[[Optional[bytes]], Awaitable[Any]]]] = {
             FEATURES_PATH: ("POST", self.get_online_features),
@@ -121,17 +133,18 @@ class FeatureServer:
                 body: Optional[bytes] = await _read_body(receive) if scope["method"] == "POST" else b""
             except TooLarge:
                 body = None
-            status, payload, kind = await self.respond(scope["method"], scope["path"], body)
+            status, payload, kind, headers = await self.respond(scope["method"], scope["path"], body,
+                                                                key_from_headers(scope.get("headers", ())))
             await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload))]})
+                        "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload)), *headers]})
             await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
 
-    async def respond(self, method: str, path: str, body: Optional[bytes]) -> Reply:
+    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None) -> Answer:
         """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms."""
         start = time.perf_counter_ns()
         stats = self.stats
         stats.in_flight += 1
-        service = None
+        service, headers = None, ()
         route = self.routes.get(path)
         endpoint = path if route else "other"
         try:
@@ -142,7 +155,7 @@ class FeatureServer:
                 status, payload, kind = _error(405, RequestError(f"{path} takes {route[0]}, not {method}"),
                                                "method_not_allowed")
             elif path == FEATURES_PATH:
-                status, payload, kind, service = await self.get_online_features(body)
+                status, payload, kind, service, headers = await self.get_online_features(body, api_key)
             else:
                 status, payload, kind = await route[1](body)
         except Exception as exc:  # a bug, not the request: log it, answer JSON, keep serving
@@ -152,15 +165,27 @@ class FeatureServer:
         finally:
             stats.in_flight -= 1
         stats.record(endpoint, status, time.perf_counter_ns() - start, service)
-        return status, payload, kind
+        return status, payload, kind, headers
 
-    async def get_online_features(self, body: Optional[bytes]) -> tuple[int, bytes, bytes, Optional[str]]:
-        """The reply and the feature service label (`-` for feature lists, None when unknown)."""
-        service = None
+    async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None
+                                  ) -> tuple[int, bytes, bytes, Optional[str], Any]:
+        """The reply, the feature service label (`-` for feature lists, None when unknown) and extra headers.
+
+        With API keys on: 401 before the body is read, then 403/429 once the feature service is known.
+        """
+        service, key = None, None
         try:
+            if self.gateway is not None:
+                key = self.gateway.identify(api_key)
+                if isinstance(key, Refusal):
+                    return _refused(key)
             if body is None:
                 raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request")
             features, entities, full = parse_request(body)
+            if key is not None:
+                refusal = self.gateway.admit(key, features if isinstance(features, str) else None, REQUESTS, 1)
+                if refusal is not None:
+                    return _refused(refusal)
             service = features if isinstance(features, str) else "-"
             status, payload, kind = await self._fetch(features, entities, full)
         except TooLarge as exc:
@@ -169,7 +194,7 @@ class FeatureServer:
             status, payload, kind = _error(400, exc)
             if isinstance(exc, UnknownServiceError):
                 service = None  # unknown names never become metric labels
-        return status, payload, kind, service
+        return status, payload, kind, service, ()
 
     async def _fetch(self, features: Any, entities: dict, full: bool) -> Reply:
         if self.client is None:
@@ -200,7 +225,8 @@ class FeatureServer:
             return _error(503, exc, "redis_unavailable")
         catalog = self.client.registry.catalog
         return 200, orjson.dumps({"status": "ready", "project": catalog.project, "feature_views": len(catalog.views),
-                                  "feature_services": len(catalog.services)}), JSON
+                                  "feature_services": len(catalog.services),
+                                  "registry": self.client.registry.state()}), JSON
 
     async def metrics(self, body: Optional[bytes]) -> Reply:
         return 200, exposition(self.stats), METRICS_TYPE.encode()
@@ -223,6 +249,7 @@ class FeatureServer:
             if message["type"] == "lifespan.startup":
                 try:
                     self.client = self.make_client()
+                    self.gateway = self.make_gateway() if self.make_gateway is not None else None
                 except Exception as exc:  # registry unreadable, bad settings: refuse to start, say why
                     logger.error("feature server cannot start: %s", exc)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -237,6 +264,8 @@ class FeatureServer:
                     self._sharing.cancel()
                 if self.client is not None:
                     await self.client.close()
+                if self.gateway is not None:
+                    self.gateway.close()  # writes the usage counted since the last flush
                 self.stats.dump()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -1,5 +1,8 @@
 """The feature server's HTTP/1.1 connections: httptools parsing, `FeatureServer.respond`, one write per response.
 
+Of the request headers only the API key (`Authorization: Bearer`, `X-API-Key`) and `Expect` are kept: the
+others are never copied into Python objects, so a header costs one comparison.
+
 uvicorn still runs the process (binding, workers, signals, lifespan, graceful shutdown); this protocol replaces
 its ASGI request cycle, which costs two socket writes and a dozen message dicts per response. Requests on one
 connection are answered in order (pipelining); a malformed request gets a 400 and the connection is closed.
@@ -15,6 +18,7 @@ from typing import Any, Optional
 import httptools
 import orjson
 
+from serving.gateway import bearer
 from serving.http_app import JSON, MAX_BODY_BYTES, FeatureServer
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -40,11 +44,12 @@ class FeatureHttpProtocol(asyncio.Protocol):
         self.keep_alive_s = config.timeout_keep_alive
         self.parser = httptools.HttpRequestParser(self)
         self.transport: Optional[asyncio.Transport] = None
-        self.pending: deque[tuple[str, bytes, Optional[bytes], bool]] = deque()
+        self.pending: deque[tuple[str, bytes, Optional[bytes], bool, Optional[str]]] = deque()
         self.busy = False
         self.closing = False
         self.idle: Optional[asyncio.TimerHandle] = None
         self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
+        self.api_key: Optional[str] = None
 
     # connection events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -78,12 +83,18 @@ class FeatureHttpProtocol(asyncio.Protocol):
     # parser callbacks
     def on_message_begin(self) -> None:
         self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
+        self.api_key = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"expect" and value.lower() == b"100-continue":
+        size = len(name)  # most headers are ruled out by their length, without lowering the name
+        if size == 13 and name.lower() == b"authorization":
+            self.api_key = bearer(value) or self.api_key
+        elif size == 9 and name.lower() == b"x-api-key":
+            self.api_key = self.api_key or value.strip().decode("latin-1")
+        elif size == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True
 
     def on_headers_complete(self) -> None:
@@ -97,7 +108,8 @@ class FeatureHttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         body = b"".join(self.chunks) if self.size <= MAX_BODY_BYTES else None
-        self.pending.append((self.parser.get_method().decode(), self.url, body, self.parser.should_keep_alive()))
+        self.pending.append((self.parser.get_method().decode(), self.url, body, self.parser.should_keep_alive(),
+                             self.api_key))
         if not self.busy:
             self.busy = True
             self.loop.create_task(self._answer())
@@ -107,18 +119,18 @@ class FeatureHttpProtocol(asyncio.Protocol):
         """Answer the pending requests of this connection in order, each with one write."""
         transport = self.transport
         while self.pending and not transport.is_closing():  # type: ignore[union-attr]
-            method, url, body, keep_alive = self.pending.popleft()
+            method, url, body, keep_alive, api_key = self.pending.popleft()
             try:
                 path = httptools.parse_url(url).path.decode("latin-1")
             except httptools.HttpParserInvalidURLError:
-                status, payload, kind = 400, orjson.dumps({"error": f"invalid URL {url[:200]!r}",
-                                                           "code": "bad_request"}), JSON
+                status, payload, kind, headers = 400, orjson.dumps({"error": f"invalid URL {url[:200]!r}",
+                                                                    "code": "bad_request"}), JSON, ()
             else:
-                status, payload, kind = await self.app.respond(method, path, body)
+                status, payload, kind, headers = await self.app.respond(method, path, body, api_key)
             if transport.is_closing():  # type: ignore[union-attr]
                 break  # the client went away while we were answering
             close = not keep_alive or self.closing
-            transport.write(_head(status, kind, len(payload), close)  # type: ignore[union-attr]
+            transport.write(_head(status, kind, len(payload), close, headers)  # type: ignore[union-attr]
                             + (b"" if method == "HEAD" else payload))
             if close:
                 transport.close()  # type: ignore[union-attr]
@@ -137,6 +149,8 @@ class FeatureHttpProtocol(asyncio.Protocol):
             self.idle = self.loop.call_later(self.keep_alive_s, self.transport.close)
 
 
-def _head(status: int, kind: bytes, length: int, close: bool) -> bytes:
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n"
-            % (status, _REASONS.get(status, b""), kind, length, b"connection: close\r\n" if close else b""))
+def _head(status: int, kind: bytes, length: int, close: bool, headers=()) -> bytes:
+    """The status line and headers; `headers` are extra (name, value) pairs (Retry-After, WWW-Authenticate)."""
+    extra = b"".join(b"%s: %s\r\n" % pair for pair in headers) if headers else b""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n"
+            % (status, _REASONS.get(status, b""), kind, length, extra, b"connection: close\r\n" if close else b""))

@@ -10,73 +10,24 @@ requests pipeline on their own.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
+import ssl
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import hiredis
 
 from serving.errors import RedisUnavailableError, ServingError
+from serving.redis_connect import RedisSettings, auth_hint
 
 PING = hiredis.pack_command((b"PING",))
-
-
-@dataclass(frozen=True)
-class RedisSettings:
-    """Where Redis is and how long to wait for it; parsed from Feast's `online_store` settings."""
-
-    nodes: tuple[tuple[str, int], ...]
-    cluster: bool = False
-    db: int = 0
-    username: Optional[str] = None
-    password: Optional[str] = None
-    timeout_s: float = 1.0
-    connect_timeout_s: float = 1.0
-
-    @classmethod
-    def from_feast(cls, online_store: Any, timeout_s: float = 1.0) -> "RedisSettings":
-        """Feast's `connection_string` (`host:port[,host:port...][,db=0,password=...]`) and `redis_type`."""
-        kind = str(getattr(online_store.redis_type, "value", online_store.redis_type))
-        if kind not in ("redis", "redis_cluster"):
-            raise ServingError(f"online_store.redis_type `{kind}` is not supported by the online reader; "
-                               "use `redis` or `redis_cluster`")
-        nodes, params = [], {}
-        for part in online_store.connection_string.split(","):
-            if "=" in part:
-                name, _, value = part.partition("=")
-                try:
-                    params[name.strip()] = json.loads(value)
-                except json.JSONDecodeError:
-                    params[name.strip()] = value
-            elif part.strip():
-                host, _, port = part.strip().rpartition(":")
-                nodes.append((host or "127.0.0.1", int(port)))
-        if params.get("ssl"):
-            raise ServingError("online_store.connection_string sets ssl=true; the online reader speaks plain TCP "
-                               "only: reach Redis through a local TLS tunnel, or drop ssl")
-        connect = float(params.get("socket_connect_timeout", min(timeout_s, 1.0)))
-        return cls(tuple(nodes), kind == "redis_cluster", int(params.get("db", 0)), params.get("username"),
-                   None if params.get("password") is None else str(params["password"]),
-                   float(params.get("socket_timeout", timeout_s)), connect)
-
-    def handshake(self) -> list[bytes]:
-        """AUTH and SELECT commands a new connection sends first (none for the default setup)."""
-        out = []
-        if self.password is not None:
-            args = (b"AUTH", self.username, self.password) if self.username else (b"AUTH", self.password)
-            out.append(hiredis.pack_command(args))
-        if self.db and not self.cluster:
-            out.append(hiredis.pack_command((b"SELECT", self.db)))
-        return out
 
 
 def check_replies(replies: list, where: str) -> list:
     """Redis answered, but with an error (wrong key type, auth...): not retryable, so say what it was."""
     for reply in replies:
         if isinstance(reply, hiredis.ReplyError):
-            raise ServingError(f"redis at {where} answered with an error: {reply}")
+            raise ServingError(f"redis at {where} answered with an error: {reply}{auth_hint(reply)}")
     return replies
 
 
@@ -84,6 +35,9 @@ def _unavailable(where: str, exc: BaseException, timeout_s: float) -> RedisUnava
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return RedisUnavailableError(f"redis at {where} did not answer within {timeout_s:g}s; is it overloaded "
                                      "or stopped? retry later")
+    if isinstance(exc, ssl.SSLError):
+        return RedisUnavailableError(f"TLS with redis at {where} failed ({exc}); check ssl=true and ssl_ca_certs "
+                                     "(and ssl_certfile/ssl_keyfile) in online_store.connection_string")
     return RedisUnavailableError(f"cannot reach redis at {where} ({exc}); is it running? "
                                  "(`featurectl services up` starts the local one)")
 
@@ -92,14 +46,21 @@ class _Connection:
     """A blocking socket and its reply parser."""
 
     def __init__(self, settings: RedisSettings, address: tuple[str, int]):
-        self.sock = socket.create_connection(address, timeout=settings.connect_timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(settings.timeout_s)
+        sock = socket.create_connection(address, timeout=settings.connect_timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
         self.reader = hiredis.Reader()
-        handshake = settings.handshake()
-        if handshake:
-            self.sock.sendall(b"".join(handshake))
-            check_replies(self.read(len(handshake)), f"{address[0]}:{address[1]}")
+        try:
+            if settings.ssl_context is not None:
+                self.sock = settings.ssl_context.wrap_socket(sock, server_hostname=address[0])
+            self.sock.settimeout(settings.timeout_s)
+            handshake = settings.handshake()
+            if handshake:
+                self.sock.sendall(b"".join(handshake))
+                check_replies(self.read(len(handshake)), f"{address[0]}:{address[1]}")
+        except BaseException:
+            sock.close()
+            raise
 
     def read(self, count: int) -> list:
         replies, reader, recv = [], self.reader, self.sock.recv
@@ -256,15 +217,21 @@ class AsyncNode:
 
     async def _connect(self) -> _ReplyProtocol:
         loop = asyncio.get_running_loop()
+        context = self.settings.ssl_context
+        tls = {"ssl": context, "server_hostname": self.address[0]} if context is not None else {}
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ReplyProtocol(self.where), *self.address),
+                loop.create_connection(lambda: _ReplyProtocol(self.where), *self.address, **tls),
                 self.settings.connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as exc:
             raise _unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
         handshake = self.settings.handshake()
         if handshake:
-            check_replies(await self._send(protocol, handshake), self.where)
+            try:
+                check_replies(await self._send(protocol, handshake), self.where)
+            except BaseException:
+                protocol.transport.close()  # type: ignore[union-attr]
+                raise
         self._protocol = protocol
         return protocol
 

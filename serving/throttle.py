@@ -16,7 +16,7 @@ class TokenBuckets:
         self._buckets: dict[tuple[str, str], list[float]] = {}
         self._lock = threading.Lock()
 
-    def take(self, key_id: str, kind: str, cost: float, per_minute: int) -> tuple[bool, int]:
+    def take(self, key_id: str, kind: str, cost: float, per_minute: float) -> tuple[bool, int]:
         """Spend `cost` from the key's `kind` budget of `per_minute`; a cost above the budget never passes."""
         rate = per_minute / 60.0
         now = self.clock()
@@ -30,3 +30,10 @@ class TokenBuckets:
         if cost > per_minute:
             return False, 60
         return False, max(1, math.ceil((cost - level) / rate))
+
+    def give_back(self, key_id: str, kind: str, cost: float, per_minute: float) -> None:
+        """Return what `take` spent on work that was then refused (a full queue): the caller was not served."""
+        with self._lock:
+            bucket = self._buckets.get((key_id, kind))
+            if bucket is not None:
+                bucket[0] = min(float(per_minute), bucket[0] + cost)

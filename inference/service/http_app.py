@@ -7,6 +7,10 @@
   outcomes, fallbacks, batch sizes, queue depth), `GET /stats` (the same percentiles as JSON).
 - 400 for a bad body (the message names the field), 429 with `Retry-After` when the queue is full, 504 past the
   request's deadline, 503 while the models load.
+- With API keys on (`serving.gateway`): `POST /generate` and `GET /jobs/{id}` need a key (401), the key must be
+  granted the conditioning feature service (403), and each mesh spends the model's fixed count of generated shape
+  tokens (512 for v0.1) from the key's per-minute budget, charged when the request is accepted and given back
+  if the queue refuses it (429 with `Retry-After`). A job is visible only to the key that submitted it.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ import collections
 import logging
 import time
 from concurrent.futures import Future
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, Union
 
 import orjson
 
 from inference.errors import Cube3DError, MeshError
+from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
 from inference.service.service import BadRequestError, GenerationService, RequestTimeoutError, ServiceError
+from serving.api_keys import ApiKey
+from serving.gateway import TOKENS, Gateway, Refusal, key_from_headers
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,15 @@ def _failure(exc: BaseException) -> Reply:
         return _error(500, str(exc), "generation_failed")
     log.error("unexpected failure: %r", exc)
     return _error(500, f"generation failed: {type(exc).__name__}", "internal")
+
+
+def _refused(refusal: Refusal) -> Reply:
+    return _error(refusal.status, refusal.message, refusal.code, refusal.headers)
+
+
+def _consume(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _mesh(result: GenerationResult) -> Reply:
@@ -81,12 +97,18 @@ def parse_body(body: bytes) -> tuple[GenerationRequest, bool]:
 class GenerationApp:
     """ASGI app; `make_service` runs at start-up in a thread (it loads the models and warms them up)."""
 
-    def __init__(self, make_service: Callable[[], GenerationService]):
+    def __init__(self, make_service: Callable[[], GenerationService],
+                 make_gateway: Optional[Callable[[], Gateway]] = None):
         self.make_service = make_service
+        self.make_gateway = make_gateway  # None: no API keys asked; else checked on /generate and /jobs
         self.service: Optional[GenerationService] = None
-        self.jobs: collections.OrderedDict[str, tuple[GenerationRequest, Future]] = collections.OrderedDict()
+        self.gateway: Optional[Gateway] = None
+        # job id -> (request, future, id of the key that submitted it, None without keys)
+        self.jobs: collections.OrderedDict[str, tuple[GenerationRequest, Future, Optional[str]]] = \
+            collections.OrderedDict()
         self.routes: dict[str, Callable[[Callable], Awaitable[Reply]]] = {
-            "/health": self.health, "/ready": self.ready, "/metrics": self.metrics, "/stats": self.stats}
+            "/health": self.health, "/ready": self.ready, "/metrics": self.metrics, "/stats": self.stats,
+            "/openapi.json": self.openapi}
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -102,29 +124,38 @@ class GenerationApp:
         if path == "/generate":
             if method != "POST":
                 return _error(405, "/generate takes POST with a JSON body", "method_not_allowed")
-            return await self.generate(receive)
+            return await self.generate(receive, key_from_headers(scope.get("headers", ())))
         if path.startswith("/jobs/") and method == "GET":
-            return self.job(path[len("/jobs/"):])
+            return self.job(path[len("/jobs/"):], key_from_headers(scope.get("headers", ())))
         if path in self.routes and method == "GET":
             return await self.routes[path](receive)
         return _error(404, f"no endpoint {method} {path}; endpoints: POST /generate, GET /jobs/ID, /health, "
-                           "/ready, /metrics, /stats", "not_found")
+                           "/ready, /metrics, /stats, /openapi.json", "not_found")
 
-    async def generate(self, receive: Callable) -> Reply:
+    async def generate(self, receive: Callable, api_key: Optional[str] = None) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading; retry in a few seconds", "starting")
+        key = self.gateway.identify(api_key) if self.gateway is not None else None
+        if isinstance(key, Refusal):
+            return _refused(key)
         try:
             request, wants_job = parse_body(await _read_body(receive))
-            future = self.service.submit(request)
+            future = self._submit(self.service, request, key)
         except ServiceError as exc:
             return _failure(exc)
+        if isinstance(future, Refusal):
+            return _refused(future)
         if wants_job:
-            self._remember(request, future)
+            self._remember(request, future, key.key_id if key is not None else None)
             return 202, orjson.dumps({"job_id": request.id, "status": "queued", "poll": f"/jobs/{request.id}"}), \
                 JSON, []
         timeout = self.service.deadline(request) - time.perf_counter()
         try:
-            result = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, timeout))
+            # Shielded: a cancelled future would make the service's worker thread fail when it later settles it;
+            # what it settles after the deadline is consumed by `_consume` rather than logged as never retrieved.
+            waiting = asyncio.wrap_future(future)
+            waiting.add_done_callback(_consume)
+            result = await asyncio.wait_for(asyncio.shield(waiting), max(0.0, timeout))
         except asyncio.TimeoutError:
             self.service.stats.count("timeout")
             return _failure(RequestTimeoutError(f"no mesh within the request's {self.service.timeout(request):g}s "
@@ -133,17 +164,35 @@ class GenerationApp:
             return _failure(exc)
         return _mesh(result)
 
-    def _remember(self, request: GenerationRequest, future: Future) -> None:
+    def _submit(self, service: GenerationService, request: GenerationRequest,
+                key: Optional[ApiKey]) -> Union[Future, Refusal]:
+        """Queue the request, first charging the key's token budget (given back if the queue refuses it)."""
+        if key is None or self.gateway is None:
+            return service.submit(request)
+        cost = service.pipeline.engine.cfg.n_generated  # every mesh decodes this fixed number of shape tokens
+        refusal = self.gateway.admit(key, service.cfg.feature_service, TOKENS, cost)
+        if refusal is not None:
+            return refusal
+        try:
+            return service.submit(request)
+        except ServiceError:
+            self.gateway.refund(key, TOKENS, cost)
+            raise
+
+    def _remember(self, request: GenerationRequest, future: Future, owner: Optional[str]) -> None:
         while len(self.jobs) >= MAX_JOBS:
             self.jobs.popitem(last=False)                                       # the oldest job is forgotten
-        self.jobs[request.id] = (request, future)
+        self.jobs[request.id] = (request, future, owner)
 
-    def job(self, job_id: str) -> Reply:
+    def job(self, job_id: str, api_key: Optional[str] = None) -> Reply:
+        key = self.gateway.identify(api_key) if self.gateway is not None else None
+        if isinstance(key, Refusal):
+            return _refused(key)
         entry = self.jobs.get(job_id)
-        if entry is None:
-            return _error(404, f"no job `{job_id}`: unknown, or one of the {MAX_JOBS} newest jobs replaced it",
-                          "unknown_job")
-        request, future = entry
+        if entry is None or (key is not None and entry[2] != key.key_id):
+            return _error(404, f"no job `{job_id}`: unknown, one of the {MAX_JOBS} newest jobs replaced it, or "
+                               "submitted with another key", "unknown_job")
+        request, future, _ = entry
         if not future.done():
             status = "running" if future.running() else "queued"
             return 202, orjson.dumps({"job_id": job_id, "status": status}), JSON, []
@@ -152,6 +201,9 @@ class GenerationApp:
 
     async def health(self, receive: Callable) -> Reply:
         return 200, b'{"status":"ok"}', JSON, []
+
+    async def openapi(self, receive: Callable) -> Reply:
+        return 200, orjson.dumps(OPENAPI), JSON, []
 
     async def ready(self, receive: Callable) -> Reply:
         if self.service is None:
@@ -166,7 +218,7 @@ class GenerationApp:
     async def stats(self, receive: Callable) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading", "starting")
-        return 200, orjson.dumps(self.service.stats.summary()), JSON, []
+        return 200, orjson.dumps(self.service.stats.summary(), option=orjson.OPT_NON_STR_KEYS), JSON, []
 
     async def _lifespan(self, receive: Callable, send: Callable) -> None:
         while True:
@@ -174,6 +226,7 @@ class GenerationApp:
             if message["type"] == "lifespan.startup":
                 try:
                     self.service = await asyncio.get_running_loop().run_in_executor(None, self.make_service)
+                    self.gateway = self.make_gateway() if self.make_gateway is not None else None
                 except Exception as exc:  # weights missing, bad settings: refuse to start, say why
                     log.error("generation service cannot start: %s", exc)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -182,6 +235,8 @@ class GenerationApp:
             elif message["type"] == "lifespan.shutdown":
                 if self.service is not None:
                     await asyncio.get_running_loop().run_in_executor(None, self.service.close)
+                if self.gateway is not None:
+                    self.gateway.close()  # writes the usage counted since the last flush
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -201,12 +256,16 @@ async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
             return b"".join(chunks)
 
 
-def serve(make_service: Callable[[], GenerationService], host: str = "127.0.0.1", port: int = 6570) -> None:
-    """Serve until interrupted: one process (one GPU), uvicorn over the ASGI app."""
+def serve(make_service: Callable[[], GenerationService], host: str = "127.0.0.1", port: int = 6570,
+          make_gateway: Optional[Callable[[], Gateway]] = None) -> None:
+    """Serve until interrupted: one process (one GPU), uvicorn over the ASGI app; API keys when `make_gateway`."""
     import uvicorn
 
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("serving on %s: reachable from other machines; the service has no authentication", host)
-    uvicorn.run(GenerationApp(make_service), host=host, port=port, lifespan="on", access_log=False,
+    if make_gateway is None:
+        log.warning("API keys are off: any caller may generate (turn them on with platform.auth.enabled: true "
+                    "or --require-api-key)")
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("serving on %s: reachable from other machines without API keys", host)
+    uvicorn.run(GenerationApp(make_service, make_gateway), host=host, port=port, lifespan="on", access_log=False,
                 log_level="info", timeout_keep_alive=30)
 

@@ -82,3 +82,58 @@ def test_keys_cli_round_trip(tmp_path):
     assert "revoked" in featurectl("--registry", registry, "keys", "list").stdout
     usage = featurectl("--registry", registry, "keys", "usage")
     assert usage.returncode == 0 and key_id in usage.stdout
+
+
+def test_token_bucket_gives_back_what_a_refused_request_spent():
+    now = [0.0]
+    buckets = TokenBuckets(clock=lambda: now[0])
+    assert buckets.take("k", "tokens", 512, 1024) == (True, 0)
+    assert buckets.take("k", "tokens", 512, 1024) == (True, 0)
+    buckets.give_back("k", "tokens", 512, 1024)
+    assert buckets.take("k", "tokens", 512, 1024) == (True, 0)
+    buckets.give_back("k", "tokens", 5000, 1024)                       # never above one minute's budget
+    assert buckets.take("k", "tokens", 1024, 1024) == (True, 0)
+
+
+def test_gateway_order_401_403_429_and_usage(store):
+    from serving.gateway import REQUESTS, TOKENS, Gateway
+
+    key, token = store.create("ranker", ["asset_ranking"], 2, 100)
+    now = [0.0]
+    gateway = Gateway(Authenticator(store, refresh_s=3600), buckets=TokenBuckets(clock=lambda: now[0]))
+    try:
+        assert gateway.identify(None).status == 401 and gateway.identify("fk_x_y").code == "invalid_api_key"
+        assert gateway.identify(token).key_id == key.key_id
+        assert gateway.admit(key, "cube3d_conditioning", REQUESTS, 1).status == 403
+        assert gateway.admit(key, None, REQUESTS, 1).status == 403                 # feature lists need `*`
+        assert gateway.admit(key, "asset_ranking", REQUESTS, 1) is None
+        assert gateway.admit(key, "asset_ranking", REQUESTS, 1) is None
+        refused = gateway.admit(key, "asset_ranking", REQUESTS, 1)
+        assert refused.status == 429 and refused.headers == [(b"retry-after", b"30")]
+        now[0] += 30
+        assert gateway.admit(key, "asset_ranking", TOKENS, 60) is None
+        gateway.refund(key, TOKENS, 60)
+        assert gateway.admit(key, "asset_ranking", TOKENS, 100) is None          # the refund came back
+    finally:
+        gateway.close()
+    assert store.usage() == [(key.key_id, "ranker", 3, 100, 1)]          # the refunded request is not counted
+
+
+def test_usage_of_several_server_processes_adds_up(store):
+    key, _ = store.create("shared", ["*"], 10, 10)
+    workers = [Authenticator(KeyStore(str(store.engine.url)), refresh_s=3600) for _ in range(2)]
+    for worker in workers:
+        worker.count(key, requests=2, tokens=5)
+    for worker in workers:
+        worker.close()
+    assert store.usage() == [(key.key_id, "shared", 4, 10, 0)]
+
+
+def test_keys_from_headers():
+    from serving.gateway import bearer, key_from_headers
+
+    assert bearer(b"Bearer fk_a_b ") == "fk_a_b" and bearer(b"bearer fk_a_b") == "fk_a_b"
+    assert bearer(b"Basic dXNlcjpwYXNz") is None and bearer(None) is None
+    assert key_from_headers([(b"X-API-Key", b"fk_1_x")]) == "fk_1_x"
+    assert key_from_headers([(b"x-api-key", b"fk_1_x"), (b"authorization", b"Bearer fk_2_y")]) == "fk_2_y"
+    assert key_from_headers([(b"authorization", b"Basic abc")]) is None

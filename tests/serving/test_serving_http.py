@@ -11,13 +11,11 @@ import os
 import re
 import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from serving_env import RedisServer, feast_rows, feature_server, free_port, make_repo
+from serving_env import RedisServer, feast_rows, feature_server, free_port, get, make_repo, post
 
 pytestmark = pytest.mark.integration
 
@@ -45,24 +43,6 @@ def server(tmp_path_factory):
             yield Served(url, redis_server, store, repo)
     finally:
         redis_server.stop()
-
-
-def post(url: str, body, path: str = "/get-online-features") -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def get(url: str, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url + path, timeout=10) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def test_features_come_back_in_feast_shape_and_request_order(server):

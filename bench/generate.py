@@ -46,7 +46,6 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     import numpy as np
     import pyarrow as pa
     import pyarrow.dataset as ds
-    import redis
     import yaml
     from feast import FeatureStore
 
@@ -56,6 +55,7 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     from feature_repo.sample_data import SampleSpec, catalog_table
     from featurectl.config import load_config
     from featurectl.repo_commands import compile_repo
+    from serving.redis_connect import redis_client
 
     project = f"bench_gen_{uuid.uuid4().hex[:8]}"
     repo = folder / project
@@ -79,7 +79,7 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     for name, kind in activity_view.output_schema().items():
         activity[name] = (pa.array(rng.integers(0, 1000, n_assets)) if kind.is_numeric
                           else pa.array([f"user_{i}" for i in range(n_assets)]))
-    client = redis.Redis(*cfg.redis_host_port)
+    client = redis_client(cfg.redis_settings(), socket_timeout=30)
     for view_name, table in (("asset_attributes", attrs), ("asset_activity", pa.table(activity))):
         view = views.view(view_name)
         path = offline_table_path(cfg.data_dir, view)

@@ -73,22 +73,22 @@ def _featurectl(repo: Path, *args: str) -> None:
 
 def run_side(side: str, repo: Path, start: str, end: str) -> dict:
     """One side, in this process: returns rows/s and this process's peak RSS."""
-    import redis
     from feast import FeatureStore
 
     from batch.materialize import materialize_view
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
     from featurectl.config import load_config
+    from serving.redis_connect import redis_client
 
     cfg = load_config(repo)
     start_at, end_at = dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end)
     rows = ds.dataset(offline_table_path(cfg.data_dir, load_repo(repo).view(VIEW))).count_rows()
     began = time.perf_counter()
     if side == "ours":
-        host, port = cfg.redis_host_port
-        materialize_view(redis.Redis(host=host, port=port), load_repo(repo).view(VIEW), cfg.project,
-                         offline_table_path(cfg.data_dir, load_repo(repo).view(VIEW)), start_at, end_at)
+        view = load_repo(repo).view(VIEW)
+        materialize_view(redis_client(cfg.redis_settings(), socket_timeout=30), view, cfg.project,
+                         offline_table_path(cfg.data_dir, view), start_at, end_at)
     else:
         FeatureStore(config=cfg.feast_repo_config()).materialize(start_date=start_at, end_date=end_at,
                                                                  feature_views=[VIEW])

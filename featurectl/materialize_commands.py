@@ -18,13 +18,12 @@ def parse_instant(text: str) -> dt.datetime:
 
 
 def _redis_client(cfg):
-    import redis
+    from serving.redis_connect import RedisConfigError, redis_client
 
-    if (cfg.raw.get("online_store") or {}).get("redis_type") == "redis_cluster":
-        raise click.ClickException("materialization writes blocks of keys through one Lua script and needs a "
-                                   "single Redis node; point online_store.connection_string at one")
-    host, port = cfg.redis_host_port
-    return redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        return redis_client(cfg.redis_settings(), socket_timeout=30)
+    except RedisConfigError as exc:
+        raise click.ClickException(f"materialization writes chunks of keys in one WATCH/MULTI/EXEC: {exc}") from exc
 
 
 def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None) -> None:
@@ -49,7 +48,8 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
                 raise click.ClickException(str(exc)) from exc
         store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
         click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
-                   f"{stats.entities_written:,} entity writes, {stats.seconds:.1f}s "
+                   f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than Redis's, "
+                   f"{stats.seconds:.1f}s "
                    f"({stats.rows_per_s:,.0f} rows/s)")
 
 

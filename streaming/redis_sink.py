@@ -1,6 +1,6 @@
 """Window values -> Redis in Feast's layout (`serving.redis_layout`), pipelined and event-time guarded.
 
-Each command is one EVALSHA of the materializer's guarded HSET over a block of entities: a key is written only
+Each command is one EVALSHA of a guarded HSET script over a block of entities: a key is written only
 when its stored `_ts:{view}` is not newer than ours, so a replay after a restart, or a slower writer, never moves
 a value back in time. `_ts` is the view's clock (the greatest event time seen), the instant the values are as of.
 """
@@ -16,7 +16,6 @@ import hiredis
 import numpy as np
 from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 
-from batch.materialize import GUARDED_HSET  # the one guarded-write script; shared with materialization
 from serving import redis_layout as layout
 from dsl.types import ValueType
 from streaming.windows import ViewLayout
@@ -25,6 +24,40 @@ log = logging.getLogger(__name__)
 
 BLOCK = 128  # entities per EVALSHA
 RETRY_S = 60.0
+
+
+# KEYS: entity keys. ARGV: n (field/value pairs per key incl. `_ts`), then per key: event time in ms, the `_ts`
+# field, the serialized Timestamp, and the n - 1 feature fields and values, alternating. A key is written only
+# when its stored `_ts` is older (or missing); the arguments go to HSET as they are, with no table building.
+GUARDED_HSET = """
+local function pb_ms(s)
+  local seconds, nanos, i = 0, 0, 1
+  while i <= #s do
+    local tag = string.byte(s, i)
+    i = i + 1
+    local v, scale, b = 0, 1, 128
+    while b >= 128 do
+      b = string.byte(s, i)
+      i = i + 1
+      v = v + (b % 128) * scale
+      scale = scale * 128
+    end
+    if tag == 8 then seconds = v elseif tag == 16 then nanos = v end
+  end
+  return seconds * 1000 + math.floor(nanos / 1000000)
+end
+local width = 2 * tonumber(ARGV[1])
+local written, pos = 0, 2
+for k = 1, #KEYS do
+  local stored = redis.call('HGET', KEYS[k], ARGV[pos + 1])
+  if (not stored) or pb_ms(stored) <= tonumber(ARGV[pos]) then
+    redis.call('HSET', KEYS[k], unpack(ARGV, pos + 1, pos + width))
+    written = written + 1
+  end
+  pos = pos + 1 + width
+end
+return written
+"""
 
 
 class RedisUnavailable(RuntimeError):

@@ -1,0 +1,162 @@
+"""Feast's Redis layout for whole Arrow columns, down to the RESP bytes of the HSET commands.
+
+`serving.redis_layout` encodes values one Python object at a time; materialization writes millions of them, so
+here every step is a numpy or Arrow kernel over a column: protobuf varints from a fixed-stride byte matrix cut
+to length, RESP framing by `binary_join_element_wise`, and one command per row whose bytes lie back to back in
+the result's data buffer, ready for the socket. Tests check every byte against `serving.redis_layout`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsl.types import ValueType
+from serving import redis_layout as layout
+
+_EMPTY = pa.scalar(b"", pa.binary())
+_CRLF = pa.scalar(b"\r\n", pa.binary())
+_DOLLAR = pa.scalar(b"$", pa.binary())
+_FIXED = {ValueType.FLOAT64: (0x29, "<f8"), ValueType.FLOAT32: (0x35, "<f4")}
+_VARINT = {ValueType.INT64: 0x20, ValueType.INT32: 0x18, ValueType.BOOL: 0x38, ValueType.TIMESTAMP: 0x40}
+
+
+def _binary(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
+    """Row i of a uint8 matrix, cut to lengths[i] bytes, as one binary value per row."""
+    keep = np.arange(matrix.shape[1]) < lengths[:, None]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.BinaryArray.from_buffers(pa.binary(), len(lengths),
+                                       [None, pa.py_buffer(offsets), pa.py_buffer(matrix[keep])])
+
+
+def _varint_matrix(values: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """Protobuf varints of int64 values (two's complement, as protobuf does) from column `first` on."""
+    rest = values.astype(np.int64).view(np.uint64).copy()
+    matrix = np.zeros((len(values), first + 10), dtype=np.uint8)
+    lengths = np.full(len(values), first + 1, dtype=np.int32)
+    for i in range(10):
+        more = rest > 0x7F
+        matrix[:, first + i] = (rest & np.uint64(0x7F)).astype(np.uint8) | (more.astype(np.uint8) << 7)
+        rest >>= np.uint64(7)
+        lengths += more
+        if not more.any():
+            break
+    return matrix, lengths
+
+
+def _null_mask(column: pa.Array) -> np.ndarray | None:
+    return column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
+
+
+def value_column(column: pa.Array, kind: ValueType) -> pa.BinaryArray:
+    """Serialized feast.types.Value per row; NULL (and NaN for floats) is the empty string, as Feast writes."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    nulls = _null_mask(column)
+    if kind in _FIXED:
+        tag, dtype = _FIXED[kind]
+        values = column.fill_null(0).to_numpy(zero_copy_only=False).astype(dtype)
+        width = values.dtype.itemsize + 1
+        matrix = np.empty((len(values), width), dtype=np.uint8)
+        matrix[:, 0] = tag
+        matrix[:, 1:] = values.view(np.uint8).reshape(len(values), width - 1)
+        lengths = np.full(len(values), width, dtype=np.int32)
+        nan = np.isnan(values)
+        nulls = nan if nulls is None else nulls | nan
+    elif kind in _VARINT:
+        if pa.types.is_timestamp(column.type):  # Feast's unix_timestamp_val holds epoch seconds
+            column = column.cast(pa.timestamp("s", column.type.tz), safe=False).cast(pa.int64())
+        numbers = column.fill_null(False if kind is ValueType.BOOL else 0).to_numpy(zero_copy_only=False)
+        matrix, lengths = _varint_matrix(numbers.astype(np.int64), 1)
+        matrix[:, 0] = _VARINT[kind]
+    else:  # STRING, the one kind of unbounded width: Arrow joins the varint length prefix and the bytes
+        raw = column.cast(pa.binary())
+        sizes = pc.binary_length(raw).fill_null(0).to_numpy(zero_copy_only=False)
+        prefix, prefix_lengths = _varint_matrix(sizes, 1)
+        prefix[:, 0] = 0x12
+        return pc.binary_join_element_wise(_binary(prefix, prefix_lengths), raw, _EMPTY).fill_null(b"")
+    if nulls is not None:
+        lengths = np.where(nulls, 0, lengths).astype(np.int32)
+    return _binary(matrix, lengths)
+
+
+def timestamp_column(epoch_ms: np.ndarray) -> pa.BinaryArray:
+    """Serialized google.protobuf.Timestamp per row (the `_ts` field), zero fields omitted as protobuf does."""
+    seconds, millis = np.divmod(epoch_ms.astype(np.int64), 1000)
+    sec_matrix, sec_lengths = _varint_matrix(seconds, 1)
+    sec_matrix[:, 0] = 0x08
+    sec_lengths = np.where(seconds != 0, sec_lengths, 0).astype(np.int32)
+    nano_matrix, nano_lengths = _varint_matrix(millis * 1_000_000, 1)
+    nano_matrix[:, 0] = 0x10
+    nano_lengths = np.where(millis != 0, nano_lengths, 0).astype(np.int32)
+    return pc.binary_join_element_wise(_binary(sec_matrix, sec_lengths), _binary(nano_matrix, nano_lengths), _EMPTY)
+
+
+def key_column(encoder: layout.KeyEncoder, columns: Sequence[pa.Array]) -> pa.BinaryArray:
+    """Redis keys of many entities: one Arrow column per join key, in `encoder.order`."""
+    parts: list = [pa.scalar(encoder.head, pa.binary())]
+    for column, kind, type_bytes in zip(columns, encoder.types, encoder._value_types):
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if column.null_count:
+            raise ValueError("an entity key is NULL: every row needs all its join keys")
+        if kind is ValueType.STRING:
+            raw = column.cast(pa.binary())
+            sizes = pc.binary_length(raw).to_numpy(zero_copy_only=False).astype("<u4")
+        else:
+            width = "<i4" if kind is ValueType.INT32 else "<i8"
+            numbers = column.to_numpy(zero_copy_only=False).astype(width)
+            raw = _binary(numbers.view(np.uint8).reshape(len(numbers), -1),
+                          np.full(len(numbers), numbers.dtype.itemsize, dtype=np.int32))
+            sizes = np.full(len(numbers), numbers.dtype.itemsize, dtype="<u4")
+        size_bytes = _binary(sizes.view(np.uint8).reshape(len(sizes), 4), np.full(len(sizes), 4, dtype=np.int32))
+        parts += [pa.scalar(type_bytes, pa.binary()), size_bytes, raw]
+    parts += [pa.scalar(encoder.suffix, pa.binary()), _EMPTY]
+    return pc.binary_join_element_wise(*parts)
+
+
+_SMALL_HEADS = pa.array([b"$%d\r\n" % n for n in range(256)], pa.binary())
+
+
+def bulk(column: pa.BinaryArray) -> pa.BinaryArray:
+    """RESP bulk strings: `$<length>\\r\\n<bytes>\\r\\n` per row."""
+    sizes = pc.binary_length(column)
+    if (pc.max(sizes).as_py() or 0) < len(_SMALL_HEADS):
+        heads = _SMALL_HEADS.take(sizes)
+    else:
+        heads = pc.binary_join_element_wise(_DOLLAR, pc.cast(sizes, pa.string()).cast(pa.binary()), _CRLF, _EMPTY)
+    return pc.binary_join_element_wise(heads, column, _CRLF, _EMPTY)
+
+
+def bulk_constant(value: bytes) -> pa.Scalar:
+    return pa.scalar(b"$%d\r\n%s\r\n" % (len(value), value), pa.binary())
+
+
+def hset_commands(key_bulks: pa.BinaryArray, fields: Sequence[bytes],
+                  values: Sequence[pa.BinaryArray]) -> pa.BinaryArray:
+    """One RESP `HSET key field value ...` per row (keys given as `bulk(keys)`), back to back in the data buffer."""
+    head = pa.scalar(b"*%d\r\n$4\r\nHSET\r\n" % (2 + 2 * len(fields)), pa.binary())
+    parts: list = [head, key_bulks]
+    for field, column in zip(fields, values):
+        parts += [bulk_constant(field), bulk(column)]
+    return pc.binary_join_element_wise(*parts, _EMPTY)
+
+
+def hget_commands(key_bulks: pa.BinaryArray, field: bytes) -> pa.BinaryArray:
+    """One RESP `HGET key field` per row (keys given as `bulk(keys)`)."""
+    return pc.binary_join_element_wise(pa.scalar(b"*3\r\n$4\r\nHGET\r\n", pa.binary()), key_bulks,
+                                       bulk_constant(field), _EMPTY)
+
+
+def variadic_head(name: bytes, arguments: int) -> bytes:
+    """The start of a command taking `arguments` bulk strings, e.g. `WATCH k1 k2 ...`: send the bulks after it."""
+    return b"*%d\r\n$%d\r\n%s\r\n" % (arguments + 1, len(name), name)
+
+
+def command_bytes(commands: pa.BinaryArray, lo: int, hi: int) -> memoryview:
+    """The bytes of commands[lo:hi], back to back, without copying."""
+    offsets = np.frombuffer(commands.buffers()[1], dtype=np.int32, count=commands.offset + len(commands) + 1)
+    starts = offsets[commands.offset:]
+    return memoryview(commands.buffers()[2])[starts[lo]:starts[hi]]

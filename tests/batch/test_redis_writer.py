@@ -1,0 +1,106 @@
+"""Check-and-set chunk writes against the real Redis: newer rows win, also against a concurrent writer."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import redis
+
+from batch.redis_writer import CheckedChunkWriter, RedisWriteError, RowCommands, _Channel
+from dsl.types import ValueType
+from serving import redis_columns as columns
+from serving import redis_layout as layout
+
+pytestmark = pytest.mark.integration
+
+TS = layout.ts_field("v")
+FIELD = layout.field_name("v", "score")
+
+
+@pytest.fixture()
+def client(local_services):
+    client = redis.Redis(*local_services.redis_host_port)
+    project = f"writer_{uuid.uuid4().hex[:8]}"
+    yield client, project
+    for key in client.scan_iter(match=f"*{project}".encode(), count=1_000):
+        client.delete(key)
+
+
+def _chunk(project: str, ids: list[str], scores: list[int], millis: list[int]):
+    encoder = layout.KeyEncoder(project, {"asset_id": ValueType.STRING})
+    key_bulks = columns.bulk(columns.key_column(encoder, [pa.array(ids)]))
+    ms = np.array(millis, dtype=np.int64)
+    writes = columns.hset_commands(key_bulks, [FIELD, TS], [columns.value_column(pa.array(scores), ValueType.INT64),
+                                                            columns.timestamp_column(ms)])
+    return RowCommands(key_bulks, ms, columns.hget_commands(key_bulks, TS), writes)
+
+
+def _scores(client, project: str, ids: list[str]) -> list:
+    encoder = layout.KeyEncoder(project, {"asset_id": ValueType.STRING})
+    return [layout.decode_value(client.hget(k, FIELD)) for k in encoder.keys([ids])]
+
+
+def test_chunks_are_written_and_older_rows_never_overwrite_newer(client):
+    client, project = client
+    ids = [f"a{i}" for i in range(1_000)]
+    rows = _chunk(project, ids, list(range(1_000)), [10_000] * 1_000)
+    writer = CheckedChunkWriter(client, connections=2)
+    for lo in range(0, 1_000, 64):
+        writer.send(rows.slice(lo, 64))
+    assert writer.close() == 1_000
+    assert _scores(client, project, ids) == list(range(1_000))
+
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.send(_chunk(project, ids[:10] + ["fresh"], [-1] * 11, [9_999] * 10 + [5]))
+    assert writer.close() == 1 and writer.skipped_older == 10
+    assert _scores(client, project, ids[:10] + ["fresh"]) == list(range(10)) + [-1]
+
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.send(_chunk(project, ids[:2], [7, 8], [10_000, 10_000]))
+    assert writer.close() == 2, "a row as new as the stored one is rewritten, as a re-run does"
+
+
+class _InterruptedChannel(_Channel):
+    """After the first check, another client writes a newer value to one of the watched keys."""
+
+    def __init__(self, conn, other, key: bytes):
+        super().__init__(conn)
+        self.other, self.key, self.interrupted = other, key, False
+
+    def round_trip(self, payload: list, replies: int) -> list:
+        out = super().round_trip(payload, replies)
+        if not self.interrupted and b"\r\nWATCH\r\n" in payload[0]:
+            self.interrupted = True
+            self.other.hset(self.key, mapping={FIELD: layout.encode_value(999, ValueType.INT64),
+                                               TS: layout.encode_timestamp(20_000)})
+        return out
+
+
+def test_a_concurrent_newer_write_aborts_the_chunk_which_is_checked_again(client):
+    client, project = client
+    ids = ["x", "y", "z"]
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.close()
+    conn = client.connection_pool.get_connection()
+    conn.connect()
+    try:
+        other = redis.Redis(**client.connection_pool.connection_kwargs)
+        key = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["y"])
+        written, skipped, retries = writer._write(_InterruptedChannel(conn, other, key),
+                                                  _chunk(project, ids, [1, 2, 3], [10_000] * 3))
+    finally:
+        client.connection_pool.release(conn)
+    assert (written, skipped, retries) == (2, 1, 1)
+    assert _scores(client, project, ids) == [1, 999, 3]
+
+
+def test_a_redis_error_reply_is_reported_with_its_reason(client):
+    client, project = client
+    client.set(layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["s"]), "a string, not a hash")
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.send(_chunk(project, ["s"], [1], [10_000]))
+    with pytest.raises(RedisWriteError, match="WRONGTYPE"):
+        writer.close()

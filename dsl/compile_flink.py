@@ -7,17 +7,19 @@ streaming mode it updates a tile continuously (with mini-batches) instead of onc
 keeps online values fresh within seconds, while batch mode computes the same rows at once.
 
 The query reads the relation named after the source. In batch mode that is the Parquet folder. In streaming
-mode it is a view over the Kafka table that drops events later than the source's allowed lateness behind the
-watermark (the only place where the two modes differ, because `CURRENT_WATERMARK` exists only in streaming).
+mode it is the view of the source's valid, on-time events that `dsl.compile_stream_source` builds (the only
+place where the two modes differ); `featurectl stream` runs that very relation, with its dead-letter query.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from dsl import aggregates, sql_functions
 from dsl.aggregates import Partial
+from dsl.compile_stream_source import KafkaRead, SourceRelation, create_table, source_relation
 from dsl.duration import sql_interval
 from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
@@ -25,7 +27,8 @@ from dsl.features import Aggregation, Attribute
 from dsl.source import ROWTIME, EventSource
 
 TILE_START = "tile_start"
-KAFKA_SUFFIX = "__kafka"
+# Where a streaming job without a checkpoint (or committed offsets) starts reading its topics.
+FROM_COMMITTED_OR_EARLIEST = {"scan.startup.mode": "group-offsets", "properties.auto.offset.reset": "earliest"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,12 @@ class SourceSettings:
 
     bootstrap_servers: str
     data_dir: Path
-    consumer_group: str = "featurectl"
+    consumer_group: str = "featurectl"  # the Kafka consumer group of the streaming source
+    startup: Mapping[str, str] = field(default_factory=lambda: dict(FROM_COMMITTED_OR_EARLIEST))
+
+    @property
+    def kafka_read(self) -> KafkaRead:
+        return KafkaRead(self.bootstrap_servers, self.consumer_group, self.startup)
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ class CompiledView:
     source: str
     key_columns: tuple[str, ...]
     tile_columns: tuple[TileColumn, ...]
-    streaming_source_ddl: tuple[str, ...]
+    streaming_source: SourceRelation
     batch_source_ddl: str
     function_ddl: tuple[str, ...]
     tile_query: str
@@ -63,49 +71,23 @@ class CompiledView:
         """DDL then the query, for `streaming` or `batch`."""
         if mode not in ("streaming", "batch"):
             raise ValueError(f"mode must be `streaming` or `batch`, got `{mode}`")
-        ddl = list(self.streaming_source_ddl) if mode == "streaming" else [self.batch_source_ddl]
+        ddl = list(self.streaming_source.ddl) if mode == "streaming" else [self.batch_source_ddl]
         return [*self.function_ddl, *ddl, self.tile_query]
 
+    def tile_query_with_state_ttl(self, ttl_ms: int) -> str:
+        """The tile query whose tiles' state expires `ttl_ms` after its last update (a streaming job's state):
+        a hint on this query alone, so the source's running maximum, read for every event, carries no TTL."""
+        source = self.source.replace("'", "''")
+        return f"SELECT /*+ STATE_TTL('{source}' = '{ttl_ms} ms') */\n" + self.tile_query.removeprefix("SELECT\n")
 
-def _columns_ddl(source: EventSource) -> str:
-    lines = [f"  {quote_ident(name)} {kind.flink_sql}" for name, kind in source.schema.items()]
+
+def _columns(source: EventSource) -> list[str]:
+    lines = [f"{quote_ident(name)} {kind.flink_sql}" for name, kind in source.schema.items()]
     ts = quote_ident(source.timestamp_field)
-    lines.append(f"  {quote_ident(ROWTIME)} AS TO_TIMESTAMP_LTZ({ts}, 3)")
-    lines.append(f"  WATERMARK FOR {quote_ident(ROWTIME)} AS {quote_ident(ROWTIME)} - "
+    lines.append(f"{quote_ident(ROWTIME)} AS TO_TIMESTAMP_LTZ({ts}, 3)")
+    lines.append(f"WATERMARK FOR {quote_ident(ROWTIME)} AS {quote_ident(ROWTIME)} - "
                  f"{sql_interval(source.watermark_delay)}")
-    return ",\n".join(lines)
-
-
-def _with(options: dict[str, str]) -> str:
-    body = ",\n".join(f"  '{k}' = '{v}'" for k, v in options.items())
-    return f"WITH (\n{body}\n)"
-
-
-def on_time_filter(source: EventSource) -> str:
-    """Events no later than the allowed lateness behind the watermark (all of them before the first watermark)."""
-    rowtime = quote_ident(ROWTIME)
-    return (f"CURRENT_WATERMARK({rowtime}) IS NULL OR "
-            f"{rowtime} >= CURRENT_WATERMARK({rowtime}) - {sql_interval(source.allowed_lateness)}")
-
-
-def streaming_source_ddl(source: EventSource, settings: SourceSettings, job: str) -> tuple[str, str]:
-    """The Kafka table (`{source}__kafka`) and the view of its on-time events that the tile query reads."""
-    options = {
-        "connector": "kafka",
-        "topic": source.kafka_topic or source.name,
-        "properties.bootstrap.servers": settings.bootstrap_servers,
-        "properties.group.id": f"{settings.consumer_group}-{job}",
-        "scan.startup.mode": "group-offsets",
-        "properties.auto.offset.reset": "earliest",
-        "format": "json",
-        "json.fail-on-missing-field": "false",
-        "json.ignore-parse-errors": "true",
-    }
-    kafka = quote_ident(source.name + KAFKA_SUFFIX)
-    table = f"CREATE TEMPORARY TABLE {kafka} (\n{_columns_ddl(source)}\n) {_with(options)}"
-    view = (f"CREATE TEMPORARY VIEW {quote_ident(source.name)} AS\nSELECT * FROM {kafka}\n"
-            f"WHERE {on_time_filter(source)}")
-    return table, view
+    return lines
 
 
 def source_path(source: EventSource, data_dir: Path) -> Path:
@@ -116,7 +98,7 @@ def source_path(source: EventSource, data_dir: Path) -> Path:
 def batch_source_ddl(source: EventSource, settings: SourceSettings) -> str:
     options = {"connector": "filesystem", "path": source_path(source, settings.data_dir).as_uri(),
                "format": "parquet"}
-    return f"CREATE TEMPORARY TABLE {quote_ident(source.name)} (\n{_columns_ddl(source)}\n) {_with(options)}"
+    return create_table(source.name, _columns(source), options)
 
 
 def _tile_columns(view: FeatureView) -> list[tuple[TileColumn, str]]:
@@ -176,14 +158,17 @@ def tile_query(view: FeatureView, columns: list[tuple[TileColumn, str]]) -> str:
             f"GROUP BY {', '.join(keys)}, {tile_start_sql(view)}")
 
 
-def compile_view(view: FeatureView, settings: SourceSettings) -> CompiledView:
+def compile_view(view: FeatureView, settings: SourceSettings, source_keys: Sequence[str] = ()) -> CompiledView:
+    """`source_keys`: the join keys every event of the source must carry to count (those of every view reading
+    it, see `dsl.compile_stream_source.source_keys`); the view's own by default."""
     columns = _tile_columns(view)
     return CompiledView(
         view=view.name,
         source=view.source.name,
         key_columns=tuple(view.entity.join_keys),
         tile_columns=tuple(c for c, _ in columns),
-        streaming_source_ddl=streaming_source_ddl(view.source, settings, view.name),
+        streaming_source=source_relation(view.source, settings.kafka_read,
+                                         source_keys or tuple(view.entity.join_keys)),
         batch_source_ddl=batch_source_ddl(view.source, settings),
         function_ddl=tuple(sql_functions.function_ddl()),
         tile_query=tile_query(view, columns),

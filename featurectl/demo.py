@@ -15,10 +15,13 @@ def _step(title: str) -> None:
 @click.command()
 @click.option("--days", default=2, show_default=True, help="days of synthetic history")
 @click.option("--events-per-day", default=50_000, show_default=True)
+@click.option("--live-seconds", default=15.0, show_default=True, help="how long live events are streamed")
+@click.option("--live-rate", default=200.0, show_default=True, help="live events per second")
 @click.pass_context
-def demo(click_ctx: click.Context, days: int, events_per_day: int) -> None:
-    """Start the services, generate data, plan and apply the example repo, run a batch tile query, generate a
-    mesh conditioned on an asset's features."""
+def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds: float, live_rate: float) -> None:
+    """Start the services, generate data, plan and apply the example repo, run a batch tile query, backfill and
+    materialize, stream live events and watch online values change, generate a mesh conditioned on an asset's
+    features."""
     from featurectl import datagen, repo_commands, services
 
     ctx = click_ctx.obj
@@ -42,6 +45,11 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int) -> None:
     click_ctx.invoke(materialize_commands.materialize, start=first, end=end, views=())
     _step("read back through the online SDK (feature service cube3d_conditioning)")
     _show_online(ctx.config())
+    _step("stream: live events through Kafka -> Flink -> Redis, read back through the SDK while they change")
+    from featurectl.demo_stream import stream_live
+
+    global_args = ["--repo", str(ctx.repo), *(["--registry", ctx.registry] if ctx.registry else [])]
+    stream_live(ctx.config(), global_args, seconds=live_seconds, rate=live_rate)
     _step("generate: a wooden version of one asset (tiny model on the CPU, v0.1 on a GPU)")
     from featurectl.generate_commands import demo_generation
 

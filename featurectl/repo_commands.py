@@ -11,6 +11,7 @@ import click
 from dsl import DefinitionError, Repository, load_repo
 from dsl.compile_feast import FeastObjects, compile_feast
 from dsl.compile_flink import CompiledView, SourceSettings, compile_view
+from dsl.compile_stream_source import source_keys
 from featurectl.config import ProjectConfig
 
 
@@ -21,7 +22,8 @@ def compile_repo(cfg: ProjectConfig) -> tuple[Repository, FeastObjects, list[Com
         raise click.ClickException(f"invalid feature definition: {exc}") from exc
     feast_objects = compile_feast(repo, cfg.data_dir)
     settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
-    return repo, feast_objects, [compile_view(view, settings) for view in repo.views]
+    return repo, feast_objects, [compile_view(view, settings, source_keys(view.source, repo.views))
+                                 for view in repo.views]
 
 
 def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
@@ -60,11 +62,15 @@ def _print_sql(compiled: list[CompiledView]) -> None:
         click.secho("\n-- functions (both modes)", fg="cyan")
         click.echo(";\n".join(compiled[0].function_ddl) + ";")
     for view in compiled:
-        for mode in ("streaming", "batch"):
-            click.secho(f"\n-- feature view {view.view}: {mode} source", fg="cyan")
-            ddl = view.streaming_source_ddl if mode == "streaming" else (view.batch_source_ddl,)
-            click.echo(";\n".join(ddl) + ";")
-        click.secho(f"\n-- feature view {view.view}: tile query (the same text in both modes)", fg="cyan")
+        click.secho(f"\n-- feature view {view.view}: streaming source (`featurectl stream` sets the consumer group "
+                    "and start position per job)", fg="cyan")
+        click.echo(";\n".join(view.streaming_source.ddl) + ";")
+        click.secho(f"\n-- feature view {view.view}: streaming dead letters of {view.source}", fg="cyan")
+        click.echo(view.streaming_source.dead_letter_query + ";")
+        click.secho(f"\n-- feature view {view.view}: batch source", fg="cyan")
+        click.echo(view.batch_source_ddl + ";")
+        click.secho(f"\n-- feature view {view.view}: tile query (the same text in both modes; a stream adds a "
+                    "STATE_TTL hint for its tiles' state)", fg="cyan")
         click.echo(view.tile_query + ";")
 
 

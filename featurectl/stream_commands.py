@@ -108,8 +108,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     overrides = {k: v for k, v in (("checkpoint_interval_s", checkpoint_interval),
                                    ("mini_batch_latency_ms", mini_batch_latency)) if v is not None}
     settings = StreamSettings(parallelism=cfg.platform.flink.parallelism, **overrides)
-    host, port = cfg.redis_host_port
-    target = Target(cfg.project, host, port, SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir),
+    target = Target(cfg.project, cfg.redis_settings(), SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir),
                     cfg.state_dir, jobmanager or cfg.platform.flink.jobmanager)
     views, all_views = _views(cfg, names)
     stop = threading.Event()
@@ -117,7 +116,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     try:
         runner = StreamRunner(target, views, all_views, settings)
         click.echo(f"stream {runner.plan.name}: {', '.join(v.view.name for v in runner.plan.views)} -> Redis "
-                   f"{host}:{port}; status: featurectl stream --status")
+                   f"{':'.join(map(str, cfg.redis_host_port))}; status: featurectl stream --status")
         runner.run(stop)
     except (StreamError, StreamJobError, StreamDefinitionError, RedisUnavailable, KafkaException) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -16,7 +16,6 @@ from typing import Optional
 
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
-from streaming.source_sql import lateness_ms
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +24,6 @@ _DONE = ("FAILED", "CANCELED", "FINISHED")
 
 class StreamJobError(RuntimeError):
     """The Flink job failed or could not start; the message says where its log is."""
-
-
-def state_ttl_ms(plan: JobPlan, settings: StreamSettings) -> int:
-    """How long a tile's state outlives its last update: the longest tile plus lateness, plus a margin."""
-    longest = max(int(v.view.tile.total_seconds() * 1000) + lateness_ms(v.view.source) for v in plan.views)
-    return longest + int(settings.state_ttl_margin_s * 1000)
 
 
 def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
@@ -42,7 +35,6 @@ def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
         "table.exec.mini-batch.enabled": "true",
         "table.exec.mini-batch.allow-latency": f"{settings.mini_batch_latency_ms} ms",
         "table.exec.mini-batch.size": str(settings.mini_batch_size),
-        "table.exec.state.ttl": f"{state_ttl_ms(plan, settings)} ms",
         "state.backend.type": "hashmap",
         "execution.checkpointing.interval": f"{int(settings.checkpoint_interval_s * 1000)} ms",
         "execution.checkpointing.dir": checkpoints.resolve().as_uri(),

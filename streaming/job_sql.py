@@ -1,10 +1,11 @@
 """The SQL of one streaming job: each view's compiled tile query into an upsert-Kafka topic of tiles, and each
 source's dead letters into a dead-letter topic, all in one Flink job (one StatementSet, one read per source).
 
-The tile queries are the compiler's, for the view plus two bookkeeping aggregations the window writer needs per
-tile: the number of events (`__events`, a version: a replayed update carries fewer events than one already
-applied) and the greatest event time (`__clock`, the writer's event-time clock). Adding them as aggregations
-keeps the compiler the only author of tile SQL.
+The SQL is the compiler's (`dsl.compile_flink.compile_view`): its streaming source relation and dead-letter
+query per source, and its tile query per view, for the view plus two bookkeeping aggregations the window writer
+needs per tile: the number of events (`__events`, a version: a replayed update carries fewer events than one
+already applied) and the greatest event time (`__clock`, the writer's event-time clock). Adding them as
+aggregations keeps the compiler the only author of the job's queries; this module adds the sinks.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dsl.compile_flink import TILE_START, CompiledView, SourceSettings, compile_view
+from dsl.compile_stream_source import (DEAD_LETTER_COLUMNS, RAW_GROUP_SUFFIX, SourceRelation, create_table,
+                                       lateness_ms, source_keys)
 from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
 from dsl.features import Aggregation
 from dsl.source import EventSource
-from streaming.source_sql import (DEAD_LETTER_COLUMNS, RAW_GROUP_SUFFIX, KafkaRead, SourceRelation,
-                                  source_relation)
 
 EVENTS_FEATURE = "__events"
 CLOCK_FEATURE = "__clock"
@@ -49,14 +50,21 @@ class ViewJob:
     view: FeatureView
     compiled: CompiledView
     tiles_topic: str
+    state_ttl_ms: int  # a tile's state outlives its last update by this much: tile + lateness + a margin
 
     @property
     def sink(self) -> str:
         return f"{self.view.name}__tiles"
 
+    @property
+    def query(self) -> str:
+        return self.compiled.tile_query_with_state_ttl(self.state_ttl_ms)
+
 
 @dataclass(frozen=True)
 class SourceJob:
+    """A source the job reads: its relation (as compiled) and the topic its dead letters go to."""
+
     source: EventSource
     relation: SourceRelation
     dead_letter_topic: str
@@ -64,6 +72,10 @@ class SourceJob:
     @property
     def sink(self) -> str:
         return f"{self.source.name}__dead_letters"
+
+    @property
+    def query(self) -> str:
+        return self.relation.dead_letter_query
 
 
 @dataclass(frozen=True)
@@ -93,9 +105,8 @@ class JobPlan:
         return out
 
     def inserts(self) -> list[str]:
-        out = [f"INSERT INTO {quote_ident(v.sink)}\n{v.compiled.tile_query}" for v in self.views]
-        out += [f"INSERT INTO {quote_ident(s.sink)}\n{s.relation.dead_letter_query}" for s in self.sources]
-        return out
+        """Each view's tiles into its sink, then each source's dead letters into its own."""
+        return [f"INSERT INTO {quote_ident(job.sink)}\n{job.query}" for job in (*self.views, *self.sources)]
 
     def _tiles_sink(self, job: ViewJob) -> str:
         keys = job.compiled.key_columns
@@ -104,10 +115,11 @@ class JobPlan:
         columns.append(f"{TILE_START} BIGINT")
         columns += [f"{quote_ident(c.name)} {c.sql_type}" for c in job.compiled.tile_columns]
         columns.append(f"PRIMARY KEY ({', '.join(quote_ident(k) for k in (*keys, TILE_START))}) NOT ENFORCED")
+        # A mini-batch emits its tile updates at once: 5 ms of linger packs them into a few produce requests.
         options = {"connector": "upsert-kafka", "topic": job.tiles_topic,
-                   "properties.bootstrap.servers": self.bootstrap_servers, "key.format": "json",
-                   "value.format": "json"}
-        return _create_table(job.sink, columns, options)
+                   "properties.bootstrap.servers": self.bootstrap_servers, "properties.linger.ms": "5",
+                   "key.format": "json", "value.format": "json"}
+        return create_table(job.sink, columns, options)
 
     def _dead_letter_sink(self, job: SourceJob) -> str:
         columns = [f"{quote_ident(name)} {kind}" for name, kind in DEAD_LETTER_COLUMNS]
@@ -116,13 +128,7 @@ class JobPlan:
                    "sink.delivery-guarantee": "exactly-once",
                    "sink.transactional-id-prefix": f"featurectl-{self.fingerprint}-{job.source.name}",
                    "properties.transaction.timeout.ms": str(TRANSACTION_TIMEOUT_MS)}
-        return _create_table(job.sink, columns, options)
-
-
-def _create_table(name: str, columns: list[str], options: dict[str, str]) -> str:
-    body = ",\n  ".join(columns)
-    with_ = ",\n".join(f"  '{k}' = '{v}'" for k, v in options.items())
-    return f"CREATE TEMPORARY TABLE {quote_ident(name)} (\n  {body}\n) WITH (\n{with_}\n)"
+        return create_table(job.sink, columns, options)
 
 
 def _slug(text: str) -> str:
@@ -133,15 +139,13 @@ def job_name(project: str, views: Sequence[FeatureView]) -> str:
     return _slug(".".join([project, *sorted(v.name for v in views)]))
 
 
-def source_keys(source: EventSource, all_views: Sequence[FeatureView]) -> tuple[str, ...]:
-    """Join keys an event of `source` must carry: those of every view of the repo that reads it, so that which
-    views one job streams never changes which events count."""
-    keys = [k for v in all_views if v.source.name == source.name for k in v.entity.join_keys]
-    return tuple(dict.fromkeys(keys))
+def state_ttl_ms(view: FeatureView, margin_ms: int) -> int:
+    """How long a tile's state outlives its last update: no event can reach it after its tile plus the lateness."""
+    return int(view.tile.total_seconds() * 1000) + lateness_ms(view.source) + margin_ms
 
 
 def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
-             settings: SourceSettings, startup: dict[str, str]) -> JobPlan:
+             settings: SourceSettings, startup: dict[str, str], state_ttl_margin_ms: int = 60_000) -> JobPlan:
     """The job streaming `views` (of a repo whose views are `all_views`); `startup` places a job without a
     checkpoint in its source topics and is left out of the fingerprint."""
     for view in views:
@@ -149,18 +153,27 @@ def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[Fea
             raise StreamDefinitionError(f"feature view `{view.name}`: source `{view.source.name}` has no "
                                         "kafka_topic; give the source a topic to stream it")
     name = job_name(project, views)
-    bootstrap_servers = settings.bootstrap_servers
-    compiled = [compile_view(with_bookkeeping(v), settings) for v in views]
-    sources = list({v.source.name: v.source for v in views}.values())
-    keys = {s.name: source_keys(s, all_views) for s in sources}
-    relations = {s.name: source_relation(s, KafkaRead(bootstrap_servers, "", {}), keys[s.name]) for s in sources}
-    text = "\n".join([project, *(c.tile_query for c in compiled),
-                      *(sql for r in relations.values() for sql in (*r.ddl, r.dead_letter_query))])
+
+    def compiled_for(group_id: str, start: dict[str, str]) -> list[CompiledView]:
+        placed = dataclasses.replace(settings, consumer_group=group_id, startup=start)
+        return [compile_view(with_bookkeeping(v), placed, source_keys(v.source, all_views)) for v in views]
+
+    ttls = [state_ttl_ms(v, state_ttl_margin_ms) for v in views]
+    unplaced = compiled_for("", {})  # the SQL without the job's consumer group and start position
+    text = "\n".join([project, *(c.tile_query_with_state_ttl(t) for c, t in zip(unplaced, ttls)), *(
+        sql for _, r in _relations(views, unplaced).values() for sql in (*r.ddl, r.dead_letter_query))])
     fingerprint = hashlib.sha256(text.encode()).hexdigest()[:12]
-    read = KafkaRead(bootstrap_servers, f"featurectl.{name}.{fingerprint}", startup)
-    view_jobs = tuple(ViewJob(v, c, f"featurectl.{_slug(project)}.{v.name}.tiles-{fingerprint}")
-                      for v, c in zip(views, compiled))
-    source_jobs = tuple(SourceJob(s, source_relation(s, read, keys[s.name]), f"{s.kafka_topic}.dead-letters")
-                        for s in sources)
-    return JobPlan(name, fingerprint, bootstrap_servers, read.group_id, view_jobs, source_jobs,
+    group_id = f"featurectl.{name}.{fingerprint}"
+    compiled = compiled_for(group_id, startup)
+    view_jobs = tuple(ViewJob(v, c, f"featurectl.{_slug(project)}.{v.name}.tiles-{fingerprint}", t)
+                      for v, c, t in zip(views, compiled, ttls))
+    source_jobs = tuple(SourceJob(source, relation, f"{source.kafka_topic}.dead-letters")
+                        for source, relation in _relations(views, compiled).values())
+    return JobPlan(name, fingerprint, settings.bootstrap_servers, group_id, view_jobs, source_jobs,
                    compiled[0].function_ddl)
+
+
+def _relations(views: Sequence[FeatureView], compiled: list[CompiledView]) -> dict[str, tuple]:
+    """(source, compiled relation) per source name: views of one source compile it identically, and the job
+    reads each topic once."""
+    return {v.source.name: (v.source, c.streaming_source) for v, c in zip(views, compiled)}

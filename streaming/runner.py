@@ -22,13 +22,14 @@ import redis
 from confluent_kafka import KafkaException
 
 from dsl.compile_flink import SourceSettings
+from dsl.compile_stream_source import lateness_ms
 from dsl.feature_view import FeatureView
+from serving.redis_connect import RedisSettings, redis_client
 from streaming.config import StreamSettings
 from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prune_checkpoints
 from streaming.job_sql import JobPlan, plan_job
 from streaming.metrics import StreamMetrics
 from streaming.redis_sink import RedisSink
-from streaming.source_sql import lateness_ms
 from streaming.status import stream_root, write_status
 from streaming.topics import SourceLag, ensure_topics
 from streaming.writer import WindowWriter
@@ -47,8 +48,7 @@ class Target:
     """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster."""
 
     project: str
-    redis_host: str
-    redis_port: int
+    redis: RedisSettings
     source_settings: SourceSettings
     state_dir: Path
     jobmanager: Optional[str] = None
@@ -64,10 +64,12 @@ def lookback_ms(views: Sequence[FeatureView]) -> int:
     return max(spans)
 
 
-def plan_for(target: Target, views: Sequence[FeatureView], all_views: Sequence[FeatureView]) -> JobPlan:
+def plan_for(target: Target, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
+             settings: StreamSettings) -> JobPlan:
     start = int(time.time() * 1000) - lookback_ms(views)
     startup = {"scan.startup.mode": "timestamp", "scan.startup.timestamp-millis": str(max(start, 0))}
-    return plan_job(target.project, views, all_views, target.source_settings, startup)
+    return plan_job(target.project, views, all_views, target.source_settings, startup,
+                    int(settings.state_ttl_margin_s * 1000))
 
 
 @contextmanager
@@ -105,7 +107,14 @@ def is_running(home: Path) -> bool:
 
 
 def _iso(ms: Optional[float]) -> Optional[str]:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
+    """ISO 8601 in UTC; an instant outside the calendar (an event time of year 300,000,000) is shown as its ms,
+    never an error that would stop the stream."""
+    if ms is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
+    except (ValueError, OverflowError, OSError):
+        return f"{ms:.0f} ms since the epoch"
 
 
 class StreamRunner:
@@ -118,7 +127,7 @@ class StreamRunner:
                               "or name them with --view")
         self.target = target
         self.settings = settings
-        self.plan = plan_for(target, views, all_views)
+        self.plan = plan_for(target, views, all_views, settings)
         self.home = stream_root(target.state_dir) / self.plan.name
         self.checkpoints = self.home / "checkpoints" / self.plan.fingerprint
         self.metrics = StreamMetrics([v.view.name for v in self.plan.views],
@@ -145,12 +154,12 @@ class StreamRunner:
                 self._stop()
 
     def _start(self) -> None:
-        client = redis.Redis(self.target.redis_host, self.target.redis_port)
+        client = redis_client(self.target.redis, socket_timeout=30)
         try:
             client.ping()
         except redis.ConnectionError as exc:
-            raise StreamError(f"Redis at {self.target.redis_host}:{self.target.redis_port} is not answering "
-                              f"({exc}): run `featurectl services up`") from exc
+            host, port = self.target.redis.nodes[0]
+            raise StreamError(f"Redis at {host}:{port} is not answering ({exc}): run `featurectl services up`") from exc
         ensure_topics(self.plan)
         self.source_lag = SourceLag(self.plan)
         self.writer = WindowWriter(self.plan, RedisSink(client, self.target.project), self.metrics, self.settings)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import json
+from binascii import a2b_base64
 from typing import Optional
+
+import orjson
 
 from dsl.compile_flink import TILE_START
 from streaming.windows import ViewLayout
@@ -22,12 +23,12 @@ class TileDecoder:
         """None for a tombstone or a row without a full key (no event reaches the tiles without one)."""
         if payload is None:
             return None
-        row = json.loads(payload)
+        row = orjson.loads(payload)  # a few times faster than `json` on these rows: decoding is per tile update
         key = tuple(row.get(k) for k in self.keys)
         if None in key:
             return None
         values = [row.get(name) for name in self.names]
         for j in self.binary:
             if values[j] is not None:
-                values[j] = base64.b64decode(values[j])
+                values[j] = a2b_base64(values[j])
         return key, row[TILE_START], tuple(values)

@@ -7,8 +7,8 @@ import logging
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from dsl.compile_stream_source import lateness_ms
 from streaming.job_sql import JobPlan
-from streaming.source_sql import lateness_ms
 
 log = logging.getLogger(__name__)
 

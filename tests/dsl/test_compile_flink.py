@@ -8,6 +8,7 @@ import pytest
 
 from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float64, Int32, Int64, String, Timestamp, col
 from dsl.compile_flink import SourceSettings, compile_view
+from dsl.compile_stream_source import KafkaRead, source_relation
 
 SETTINGS = SourceSettings("127.0.0.1:19092", Path("/data"))
 EVENTS = EventSource("clicks", {"shop": String, "item": Int32, "user": String, "price": Float64, "qty": Int64,
@@ -31,32 +32,42 @@ def compiled():
 def test_same_query_text_in_both_modes(compiled):
     streaming, batch = compiled.statements("streaming"), compiled.statements("batch")
     assert streaming[-1] == batch[-1] == compiled.tile_query
-    assert streaming[:-3] == batch[:-2] == list(compiled.function_ddl)
+    assert streaming[:-5] == batch[:-2] == list(compiled.function_ddl)
+    assert streaming[-5:-1] == list(compiled.streaming_source.ddl)
 
 
-def test_streaming_ddl_reads_kafka_json_with_watermark(compiled):
-    ddl, view = compiled.streaming_source_ddl
-    assert ddl.startswith("CREATE TEMPORARY TABLE `clicks__kafka` (")
-    assert "'connector' = 'kafka'" in ddl and "'topic' = 'clicks-v1'" in ddl and "'format' = 'json'" in ddl
-    assert "'properties.bootstrap.servers' = '127.0.0.1:19092'" in ddl
-    assert "`__rowtime` AS TO_TIMESTAMP_LTZ(`ts`, 3)" in ddl
-    assert "WATERMARK FOR `__rowtime` AS `__rowtime` - INTERVAL '10' SECOND" in ddl
-    assert "`item` INT" in ddl and "`ts` BIGINT" in ddl
+def test_streaming_source_is_the_relation_the_stream_job_runs(compiled):
+    kafka, raw, checked, on_time = compiled.streaming_source.ddl
+    assert compiled.streaming_source == source_relation(EVENTS, KafkaRead("127.0.0.1:19092", "featurectl", {
+        "scan.startup.mode": "group-offsets", "properties.auto.offset.reset": "earliest"}), ("shop", "item"))
+    assert kafka.startswith("CREATE TEMPORARY TABLE `clicks__kafka` (")
+    assert "'topic' = 'clicks-v1'" in kafka and "'properties.bootstrap.servers' = '127.0.0.1:19092'" in kafka
+    assert "'topic' = 'clicks-v1'" in raw and "'format' = 'raw'" in raw
+    assert on_time.startswith("CREATE TEMPORARY VIEW `clicks` AS")
+    assert "CURRENT_WATERMARK" not in "\n".join(compiled.statements("streaming"))
 
 
-def test_streaming_view_drops_events_later_than_the_allowed_lateness(compiled):
-    _, view = compiled.streaming_source_ddl
-    assert view == ("CREATE TEMPORARY VIEW `clicks` AS\nSELECT * FROM `clicks__kafka`\n"
-                    "WHERE CURRENT_WATERMARK(`__rowtime`) IS NULL OR "
-                    "`__rowtime` >= CURRENT_WATERMARK(`__rowtime`) - INTERVAL '30' SECOND")
+def test_streaming_view_drops_events_later_than_delay_plus_allowed_lateness(compiled):
+    on_time = compiled.streaming_source.ddl[-1]
+    assert on_time.endswith("WHERE `__error` IS NULL AND `ts` >= `__max_seen` - 40000")  # 10s delay + 30s lateness
+    assert "WHEN `shop` IS NULL THEN 'missing_field:shop'" in compiled.streaming_source.ddl[2]
 
 
-def test_batch_ddl_reads_parquet_with_the_same_columns(compiled):
+def test_source_keys_widen_the_required_fields():
+    view = FeatureView("v", ITEM, EVENTS, features=[Aggregation("count", windows=["1h"])])
+    checked = compile_view(view, SETTINGS, source_keys=("shop", "item", "user")).streaming_source.ddl[2]
+    assert "WHEN `user` IS NULL THEN 'missing_field:user'" in checked
+
+
+def test_batch_ddl_reads_parquet_with_the_columns_the_streaming_view_has(compiled):
     ddl = compiled.batch_source_ddl
     assert "'connector' = 'filesystem'" in ddl and "'path' = 'file:///data/clicks'" in ddl
     assert "'format' = 'parquet'" in ddl
-    columns = lambda text: text.split(") WITH")[0].split("(", 1)[1]  # noqa: E731
-    assert columns(ddl) == columns(compiled.streaming_source_ddl[0])
+    batch_columns = [line.split()[0] for line in ddl.split(") WITH")[0].split("(", 1)[1].split(",\n")
+                     if not line.strip().startswith("WATERMARK")]
+    view_columns = [line.strip(" ,").split()[-1] for line in
+                    compiled.streaming_source.ddl[-1].split("SELECT\n", 1)[1].split("\nFROM")[0].split("\n")]
+    assert [c.strip() for c in batch_columns] == view_columns
 
 
 def test_tile_query_groups_by_all_join_keys_and_epoch_aligned_tile(compiled):

@@ -25,7 +25,9 @@ from stream_env import (LATENESS_MS, EventLog, StreamProcess, StreamRepo, bounda
 pytestmark = pytest.mark.integration
 
 MINUTE, HOUR = 60_000, 3_600_000
-T0 = int(time.time() * 1000) // HOUR * HOUR - 3 * HOUR  # recent, so no reader treats the values as expired
+# Recent, so no reader treats the values as expired, and over a day back, so that phase c (a day after phase a) is
+# in the past too: an event time more than an hour ahead of its Kafka record is refused as `future`.
+T0 = int(time.time() * 1000) // HOUR * HOUR - 28 * HOUR
 SPEC = SampleSpec(n_assets=40, n_users=150, seed=11)
 VIEWS = ("asset_activity", "user_activity")
 

@@ -1,0 +1,263 @@
+"""What the reliability tests share: private Redis, Kafka and PostgreSQL instances (their own free ports and
+state folders, started and stopped through featurectl's own service classes, so faults never touch the shared
+services), a streaming repo pointed at them, our HTTP servers as subprocesses, and readers of served values.
+
+The streaming helpers that do not depend on ports (the stream subprocess, the oracle comparison) are the
+streaming suite's own, loaded from `tests/streaming/stream_env.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator, Optional
+
+import redis
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from cli_helpers import ROOT, featurectl
+from dsl.feature_view import FeatureView
+from featurectl.config import ProjectConfig, load_config
+from featurectl.services import KafkaBroker, PostgresServer, RedisServer
+from featurectl.services.process import LocalService
+from serving import redis_layout
+
+
+def sibling(name: str, folder: str) -> ModuleType:
+    """A helper module of another test folder (`tests/<folder>/<name>.py`), imported once under its own name."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+stream_env = sibling("stream_env", "streaming")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+SERVICES_YAML = """\
+project: reliability_services
+provider: local
+registry:
+  registry_type: sql
+  path: sqlite:///{folder}/registry.db
+online_store:
+  type: redis
+  connection_string: "127.0.0.1:{redis}"
+offline_store:
+  type: file
+entity_key_serialization_version: 3
+platform:
+  state_dir: {folder}/state
+  kafka:
+    bootstrap_servers: "127.0.0.1:{kafka}"
+    controller_port: {controller}
+  postgres:
+    port: {postgres}
+    database: reliability
+    user: reliability
+"""
+
+
+class PrivateServices:
+    """Redis, Kafka and PostgreSQL of one test module, on free ports under `folder`; only what is asked for is
+    started, and `down` stops exactly those (by their pid files, as `featurectl services down` does)."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "feature_store.yaml").write_text(SERVICES_YAML.format(
+            folder=folder, redis=free_port(), kafka=free_port(), controller=free_port(), postgres=free_port()))
+        self.config: ProjectConfig = load_config(folder)
+        self.redis: LocalService = RedisServer(self.config)
+        self.kafka: LocalService = KafkaBroker(self.config)
+        self.postgres: LocalService = PostgresServer(self.config)
+
+    @property
+    def redis_port(self) -> int:
+        return self.redis.ports[0]
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.address
+
+    def kill(self, service: LocalService) -> None:
+        """SIGKILL: no shutdown hook runs, as when a machine loses a process."""
+        pid = service.pid()
+        assert pid is not None, f"the private {service.name} is not running"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while service.pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.pid() is None, f"the private {service.name} (pid {pid}) outlived SIGKILL"
+
+    def down(self) -> None:
+        for service in (self.postgres, self.kafka, self.redis):
+            if service.pid() is not None:
+                service.down()
+
+
+STREAM_YAML = """\
+project: {project}
+provider: local
+registry:
+  registry_type: sql
+  path: sqlite:///{folder}/registry.db
+online_store:
+  type: redis
+  connection_string: "127.0.0.1:{redis}"
+offline_store:
+  type: file
+entity_key_serialization_version: 3
+platform:
+  state_dir: {folder}/state
+  data_dir: {folder}/data
+  kafka:
+    bootstrap_servers: "{bootstrap}"
+"""
+
+
+def stream_repo(folder: Path, services: PrivateServices, views: tuple[str, ...]):
+    """The example views on a topic of their own, against the private Redis and Kafka, registered (for the
+    feature server); returns a `stream_env.StreamRepo` (its `cleanup` is for shared services and not needed)."""
+    suffix = uuid.uuid4().hex[:8]
+    repo = stream_env.StreamRepo(folder, f"reliability_{suffix}", f"reliability-{suffix}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "feature_store.yaml").write_text(STREAM_YAML.format(
+        project=repo.project, folder=folder, redis=services.redis_port, bootstrap=services.bootstrap))
+    lines = "\n".join(f"{v} = dataclasses.replace(example.{v}, source=interactions)" for v in views)
+    (folder / "features.py").write_text(stream_env.FEATURES_PY.format(topic=repo.topic, views=lines))
+    applied = featurectl("--repo", str(folder), "apply")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    return repo
+
+
+def example_repo(folder: Path, project: str, registry: dict, redis_port: int) -> Path:
+    """The example repo's definitions under `project`, registry settings `registry` (Feast's, merged), values in
+    the Redis on `redis_port`, applied."""
+    repo = folder / project
+    repo.mkdir(parents=True)
+    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
+    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
+    settings.pop("platform", None)
+    settings["project"] = project
+    settings["registry"].update(registry)
+    settings["online_store"] = {"type": "redis", "connection_string": f"127.0.0.1:{redis_port}"}
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    applied = featurectl("--repo", str(repo), "apply")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    return repo
+
+
+def produce(bootstrap: str, topic: str, payloads: list[Optional[bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "message.max.bytes": 2_000_000})
+    for payload in payloads:
+        producer.produce(topic, value=payload)
+        producer.poll(0)
+    assert producer.flush(60) == 0, "could not deliver the test events to Kafka"
+
+
+def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 90.0) -> list[dict]:
+    """The committed dead letters of a source topic, once `expected` are there (plus one second for extras)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(f"{topic}.dead-letters", 0, 0)])
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            out += [json.loads(m.value()) for m in consumer.consume(1000, 0.5) if not m.error()]
+        out += [json.loads(m.value()) for m in consumer.consume(1000, 1.0) if not m.error()]
+    finally:
+        consumer.close()
+    return out
+
+
+def served(port: int, project: str, view: FeatureView, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Values in the Redis on `port` per entity, decoded with the layout module."""
+    client = redis.Redis(port=port)
+    encoder = redis_layout.KeyEncoder(project, view.entity.join_keys)
+    names = view.feature_names
+    fields = redis_layout.hash_fields(view.name, names)
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(encoder.key([key]), fields)
+    return {key: {n: redis_layout.decode_value(v) for n, v in zip(names, raw[:-1])}
+            for key, raw in zip(keys, pipe.execute())}
+
+
+def wait_exact(port: int, project: str, view: FeatureView, on_time: list[dict], timeout_s: float = 60.0) -> list:
+    """Until Redis holds the oracle's values for every entity of `on_time` (the writer may still be rewriting);
+    returns the mismatches left at the deadline (empty: exact)."""
+    keys = sorted({e["asset_id"] for e in on_time})
+    want = stream_env.expected(view, on_time)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wrong = stream_env.mismatches(want, served(port, project, view, keys), view.feature_names)
+        if not wrong or time.monotonic() > deadline:
+            return wrong
+        time.sleep(0.5)
+
+
+def http(method: str, url: str, body: Optional[dict] = None, timeout: float = 5.0) -> tuple[int, dict]:
+    """(status, JSON body) of one request; a refused connection is status 0."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, {}
+
+
+@contextlib.contextmanager
+def cli_server(repo: Path, command: str, *args: str) -> Iterator[str]:
+    """`featurectl COMMAND --port P ARGS` (an HTTP server) on a free port until the block ends; yields its base
+    URL once /health answers."""
+    port = free_port()
+    log = repo.parent / f"{command}-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), command, "--port",
+                                    str(port), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while http("GET", url + "/health")[0] != 200:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"featurectl {command} did not start:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def feature_server(repo: Path, *args: str) -> contextlib.AbstractContextManager[str]:
+    """`featurectl serve` on a free port (see `cli_server`)."""
+    return cli_server(repo, "serve", *args)

@@ -1,7 +1,8 @@
 """HTTP clients for the serve benchmark: a sequential one, and an open-loop load generator run as its own process.
 
-The load generator sends on a fixed schedule whatever the server's speed and measures each latency from the
-scheduled send time, so a slow server's queueing shows up in its percentiles (no coordinated omission).
+The load generator sends on a fixed schedule whatever the server's speed; a request that finds every
+connection busy waits in a queue and its latency counts from the moment it joined it, so a slow server's
+queueing shows up in its percentiles (no coordinated omission).
 A request unanswered after `timeout_s`, or answered with a status other than 200, counts as an error. The run
 is bounded: it stops `timeout_s` after the last scheduled send at the latest.
 
@@ -67,11 +68,13 @@ def sequential(host: str, port: int, bodies: list[bytes], count: int, path: str 
 
 
 class _Connection(asyncio.Protocol):
+    """One keep-alive connection with one request in flight at most; its response parser is reused."""
+
     def __init__(self, load: "OpenLoop"):
         self.load = load
         self.transport: Optional[asyncio.Transport] = None
-        self.response = _Response()
-        self.scheduled = 0.0
+        self.parser = httptools.HttpResponseParser(self)
+        self.started = 0.0  # when the request became ready to go: see OpenLoop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -79,31 +82,43 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.response.parser.feed_data(data)
+            self.parser.feed_data(data)
         except httptools.HttpParserError:
             self.load.finish(self, ok=False)
-            return
-        if self.response.complete:
-            ok = self.response.parser.get_status_code() == 200
-            self.response = _Response()
-            self.load.finish(self, ok)
+            self.transport.abort()  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        self.load.finish(self, self.parser.get_status_code() == 200)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.load.lost(self)
 
 
 class OpenLoop:
+    """Sends `rate` requests/s for `seconds` over a pool of keep-alive connections, whatever the server's pace.
+
+    One timer wakes up every millisecond or so and sends every request due by then (event loop timers have
+    millisecond resolution; one timer per request cost more CPU than the server's own work). A request's latency
+    runs from the moment it was ready to go: its send when a connection was free, else the moment it joined the
+    queue waiting for one (the server's slowness counts, the generator's own timer jitter does not). `late_*`
+    reports that jitter: how far behind its schedule each request was handed to the pool.
+    """
+
     def __init__(self, host: str, port: int, bodies: list[bytes], rate: float, seconds: float,
                  connections: int, timeout_s: float):
         self.host, self.port = host, port
         self.requests = [http_request(host, port, b) for b in bodies]
         self.rate, self.seconds, self.connections, self.timeout_s = rate, seconds, connections, timeout_s
+        self.total = int(rate * seconds)
         self.idle: list[_Connection] = []
         self.busy: set[_Connection] = set()
         self.queue: deque[float] = deque()
         self.latencies: list[float] = []
+        self.late: list[float] = []
         self.errors = 0
         self.sent = 0
+        self.due = 0  # requests handed to the pool so far
+        self.start = 0.0
         self.last_done = 0.0
         self.closing = False
 
@@ -121,17 +136,27 @@ class OpenLoop:
         else:
             self.idle.append(conn)
 
-    def _send(self, conn: _Connection, scheduled: float) -> None:
-        conn.scheduled = scheduled
+    def _send(self, conn: _Connection, started: float) -> None:
+        conn.started = started
         self.busy.add(conn)
         conn.transport.write(self.requests[self.sent % len(self.requests)])  # type: ignore[union-attr]
         self.sent += 1
 
-    def fire(self, scheduled: float) -> None:
-        if self.idle:
-            self._send(self.idle.pop(), scheduled)
-        else:
-            self.queue.append(scheduled)
+    def _tick(self) -> None:
+        """Hand every request due by now to the pool, then sleep until the next one is due."""
+        now = time.monotonic()
+        due = min(self.total, int((now - self.start) * self.rate) + 1)
+        start, rate, late = self.start, self.rate, self.late
+        for i in range(self.due, due):
+            late.append(now - (start + i / rate))
+            if self.idle:
+                self._send(self.idle.pop(), now)
+            else:
+                self.queue.append(now)
+        self.due = due
+        if due < self.total:
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(0.001, start + due / rate - time.monotonic()), self._tick)  # 0 would spin
 
     def finish(self, conn: _Connection, ok: bool) -> None:
         if conn not in self.busy:
@@ -139,7 +164,7 @@ class OpenLoop:
         self.busy.discard(conn)
         now = time.monotonic()
         if ok:
-            self.latencies.append((now - conn.scheduled) * 1000)
+            self.latencies.append((now - conn.started) * 1000)
             self.last_done = now
         else:
             self.errors += 1
@@ -157,7 +182,7 @@ class OpenLoop:
     def _sweep(self) -> None:
         """Requests past the timeout (in flight or still queued) are errors; their connections are replaced."""
         deadline = time.monotonic() - self.timeout_s
-        for conn in [c for c in self.busy if c.scheduled < deadline]:
+        for conn in [c for c in self.busy if c.started < deadline]:
             self.busy.discard(conn)
             self.errors += 1
             conn.transport.abort()  # type: ignore[union-attr]
@@ -166,31 +191,27 @@ class OpenLoop:
             self.errors += 1
 
     async def run(self) -> dict:
-        loop = asyncio.get_running_loop()
         await asyncio.gather(*(self._open() for _ in range(self.connections)))
-        total = int(self.rate * self.seconds)
-        start = time.monotonic() + 0.2
-        offset = loop.time() - time.monotonic()
-        for i in range(total):
-            scheduled = start + i / self.rate
-            loop.call_at(scheduled + offset, self.fire, scheduled)
-        end = start + self.seconds + self.timeout_s + 0.5
-        while time.monotonic() < end and len(self.latencies) + self.errors < total:
+        self.start = time.monotonic() + 0.05
+        asyncio.get_running_loop().call_later(0.05, self._tick)
+        end = self.start + self.seconds + self.timeout_s + 0.5
+        while time.monotonic() < end and len(self.latencies) + self.errors < self.total:
             await asyncio.sleep(0.05)
             self._sweep()
-        self.errors += total - len(self.latencies) - self.errors
+        self.errors += self.total - len(self.latencies) - self.errors
         self.closing = True
         for conn in [*self.idle, *self.busy]:
             conn.transport.close()  # type: ignore[union-attr]
-        return self.report(start)
+        return self.report()
 
-    def report(self, start: float) -> dict:
+    def report(self) -> dict:
         from bench._report import percentiles
 
-        elapsed = max(self.last_done - start, 1e-9)
-        pct = percentiles(self.latencies)
+        elapsed = max(self.last_done - self.start, 1e-9)
+        late = percentiles([x * 1000 for x in self.late]) if self.late else {}
         return {"ok": len(self.latencies), "errors": self.errors, "rps": round(len(self.latencies) / elapsed, 1),
-                **{f"{k}_ms": round(v, 3) for k, v in pct.items()}}
+                **{f"{k}_ms": round(v, 3) for k, v in percentiles(self.latencies).items()},
+                **{f"late_{k}_ms": round(v, 3) for k, v in late.items() if k in ("p50", "p99")}}
 
 
 def main(argv: Optional[list[str]] = None) -> None:

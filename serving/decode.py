@@ -65,13 +65,24 @@ def _fixed_width_decoder(kind: ValueType, code: str) -> ColumnDecoder:
     return decode
 
 
-def _string_decoder() -> ColumnDecoder:
+def _string_decoder(max_seen: int = 20_000) -> ColumnDecoder:
+    """Strings of categorical features repeat: the values already seen (up to `max_seen`) come back by one dict
+    lookup each, in C; a column with a new value is decoded row by row and its values remembered."""
     tag = encode_value("", ValueType.STRING)[0]
+    seen: dict[Optional[bytes], Any] = {NULL: None, None: None}
+    lookup = seen.__getitem__
 
     def decode(column: Column) -> list:
+        try:
+            return list(map(lookup, column))
+        except KeyError:
+            pass
         # a short string is tag, one length byte (< 0x80), UTF-8 bytes
-        return [raw[2:].decode() if raw and raw[0] == tag and raw[1] < 0x80 else decode_value(raw)
-                for raw in column]
+        out = [raw[2:].decode() if raw and raw[0] == tag and raw[1] < 0x80 else decode_value(raw)
+               for raw in column]
+        if len(seen) < max_seen:
+            seen.update(zip(column, out))
+        return out
 
     return decode
 

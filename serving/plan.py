@@ -41,6 +41,7 @@ class ViewRead:
     view: ViewSpec
     ts_pos: int
     batches: list[TypeBatch]
+    names: list[str]  # output names of the view's requested features
 
 
 @dataclass
@@ -147,7 +148,8 @@ def _group(project: str, join_keys: tuple, members: list, full_feature_names: bo
             batch.names.append(f"{view.name}__{feature}" if full_feature_names else feature)
             fields.append(view.features[feature].field)
         fields.append(view.ts_field)
-        views.append(ViewRead(view, len(fields) - 1, list(batches.values())))
+        views.append(ViewRead(view, len(fields) - 1, list(batches.values()),
+                              [name for batch in batches.values() for name in batch.names]))
     head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
     tail = b"\r\n" + b"".join(_bulk(f) for f in fields)
     return GroupRead(KeyEncoder(project, dict(join_keys)), head, tail, views)

@@ -62,3 +62,12 @@ def test_a_value_of_another_type_falls_back_to_the_generic_decoder():
     column = [_feast_bytes(3, ValueType.INT64), _feast_bytes("x", ValueType.STRING), None, None]
     assert column_decoder(ValueType.FLOAT64)(column) == [3, "x", None, None]
     assert column_decoder(None)(column) == [3, "x", None, None]
+
+
+def test_string_columns_remember_values_and_still_decode_new_ones():
+    decode = column_decoder(ValueType.STRING)
+    first = [_feast_bytes(v, ValueType.STRING) for v in ("cat_a", "cat_b", "cat_a")]
+    assert decode(first) == ["cat_a", "cat_b", "cat_a"]
+    assert decode(first) == ["cat_a", "cat_b", "cat_a"]  # now from the table of seen values
+    mixed = [first[1], _feast_bytes("new é" * 40, ValueType.STRING), None, b"", first[0]]
+    assert decode(mixed) == ["cat_b", "new é" * 40, None, None, "cat_a"]

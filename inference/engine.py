@@ -272,8 +272,13 @@ class Engine:
 
     def _step(self, bucket: int, guided: bool, sampling: bool) -> None:
         rows = bucket * (2 if guided else 1)
-        logits = self.model.decode_step(self.x_buf[:rows], self.pos, self.ops)
-        self._advance(logits, bucket, guided, sampling)
+        m = self.model
+        if sampling or not getattr(self.ops, "fuse_pick", False):
+            self._advance(m.decode_step(self.x_buf[:rows], self.pos, self.ops), bucket, guided, sampling)
+            return
+        h = m.decode_hidden(self.x_buf[:rows], self.pos, self.ops)
+        self.ops.lm_head_pick(h, m.shape_head(), m.transformer.wte.weight, bucket, guided, self.scale, self.n_total,
+                              self.pos, self.ids, self.x_buf)
 
     def _nocache_step(self, bucket: int, guided: bool, sampling: bool, i: int) -> None:
         """The reference's slow path: recompute [cond ; BOS, t_0 .. t_{i-1}] in full for token i."""

@@ -162,9 +162,8 @@ class DecodeOps(Protocol):
     def linear(self, x: Tensor, w: Tensor) -> Tensor: ...
     def linear_parts(self, x: Tensor, w: Tensor) -> Tensor: ...
     def linear_swiglu(self, h: Tensor, w: Tensor, b: Tensor) -> Tensor: ...
-    def qk_norm_rope_cache(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor,
-                           pos: Tensor, eps: float) -> Tensor: ...
-    def attention(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> Tensor: ...
+    def qkv_attention(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor, pos: Tensor,
+                      eps: float) -> Tensor: ...
 
 
 class Cube3DDecoder(nn.Module):
@@ -270,17 +269,25 @@ class Cube3DDecoder(nn.Module):
         x: [R, D] embeddings of the tokens at shape position `pos` ([1] int64 on the device, so a captured
         graph advances it without the host). Returns logits over the shape codes: [R, vocab_size - 3].
         """
+        return ops.linear(self.decode_hidden(x, pos, ops), self.shape_head())
+
+    def shape_head(self) -> Tensor:
+        """The lm_head rows of the shape codes: [vocab_size - 3, D]."""
+        return self.lm_head.weight[: self.cfg.shape_model_vocab_size]
+
+    def decode_hidden(self, x: Tensor, pos: Tensor, ops: DecodeOps) -> Tensor:
+        """`decode_step` up to the final LayerNorm, [R, D]: the engine's fused greedy path applies the head itself."""
         eps, rows = self.cfg.eps, x.shape[0]
         x = x.clone()                                           # residual stream [R, D]
         h = ops.layer_norm(x, eps)
         for lw in self.decode_layers():
             qkv = ops.linear_parts(h, lw.qkv_w)                 # [S, R, 3D] split-K parts, bias added below
-            q = ops.qk_norm_rope_cache(qkv, lw, rows, self.rope_cos, self.rope_sin, pos, self.cfg.qk_norm_eps)
-            a = ops.attention(q, lw, rows, pos)                 # [R, D]
+            a = ops.qkv_attention(qkv, lw, rows, self.rope_cos, self.rope_sin, pos, self.cfg.qk_norm_eps)  # [R, D]
             h = ops.residual_layer_norm(x, ops.linear_parts(a, lw.proj_w), lw.proj_b, eps)     # x += a Wp^T + b
             act = ops.linear_swiglu(h, lw.gu_w, lw.gu_b)        # [R, F]
             h = ops.residual_layer_norm(x, ops.linear_parts(act, lw.down_w), lw.down_b, eps)
-        return ops.linear(h, self.lm_head.weight[: self.cfg.shape_model_vocab_size])
+        return h
+
 
 def _bias(linear: nn.Linear) -> Tensor:
     if linear.bias is not None:

@@ -57,6 +57,11 @@ class TorchOps:
         lw.cache.v[:rows].index_copy_(2, idx, v.unsqueeze(2))
         return q.squeeze(2)
 
+    def qkv_attention(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor, pos: Tensor,
+                      eps: float) -> Tensor:
+        """`qk_norm_rope_cache`, then `attention`: [R, H * d]."""
+        return self.attention(self.qk_norm_rope_cache(qkv, lw, rows, cos, sin, pos, eps), lw, rows, pos)
+
     def attention(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> Tensor:
         """q: [R, H, d] against cache positions 0 .. offset + pos. Returns [R, H * d]."""
         k, v = lw.cache.k[:rows], lw.cache.v[:rows]

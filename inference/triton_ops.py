@@ -1,9 +1,18 @@
 """Triton kernels for the decode step: skinny GEMMs (M <= 16 rows) with fused epilogues, split-K decode attention
-over the filled part of the cache, q/k RMSNorm + RoPE + cache write, residual add + LayerNorm.
+over the filled part of the cache, q/k RMSNorm + RoPE + cache write, residual add + LayerNorm, and the lm_head
+with guidance and argmax folded in (greedy decoding).
 
 Each kernel reads the shape position from a device tensor, so a CUDA graph replays the same launches for every
 token. `inference.ops.TorchOps` computes the same functions in PyTorch (tests compare the two, on the CPU through
 Triton's interpreter, `TRITON_INTERPRET=1`).
+
+On Hopper and later every kernel is launched with programmatic dependent launch (PDL): it is scheduled while the
+previous kernel still runs and waits (`griddepcontrol.wait`) at its top, then lets the next one launch, so the
+launch and the program setup overlap the previous kernel. The decode step is a chain of about 200 short kernels,
+and that latency, not the bytes, was much of the gap to the bandwidth floor. Every kernel waits before any other
+memory access (the position alone is read earlier: it moves only between steps), so none overtakes one it depends
+on, directly or through the chain. (Loading the first weight block, or prefetching the weights to L2, before the
+wait was measured slower on an H200.)
 """
 
 from __future__ import annotations
@@ -19,13 +28,27 @@ from torch import Tensor
 from inference.model import LayerWeights
 
 SM_COUNT_FALLBACK = 132   # an H100/H200; used when the device cannot be asked (the interpreter)
+PDL = True                # programmatic dependent launch where the device supports it (compute capability >= 9)
+# q/k RMSNorm + RoPE + cache write inside the attention kernel for steps of at most this many rows (one prompt
+# with guidance); with more rows, every split program recomputing q cost more than the kernel it saves (H200)
+FUSE_QK_ROWS = 2
+FUSE_PICK = True          # greedy steps: guidance + argmax inside the lm_head GEMM, one small kernel picks the id
+
+
+@triton.jit
+def _wait_previous(PDL: tl.constexpr):
+    # PDL: wait until the previous kernel has finished (its writes visible), then let the next one launch
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def _layer_norm_kernel(x_ptr, p_ptr, b_ptr, h_ptr, M, D, S, eps, ADD: tl.constexpr, S_PAD: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
     # one program per row: [x += sum_s parts[s] + b, in place]; h = LayerNorm(x) (no affine), float32 inside
     row = tl.program_id(0)
+    _wait_previous(PDL)
     offs = tl.arange(0, BLOCK)
     m = offs < D
     x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
@@ -65,9 +88,30 @@ def _merge_splits(p_ptr, rows, mrow, head, H, NS, BLOCK_M: tl.constexpr, HEAD_DI
 
 
 @triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr):
+    if IEEE:                                        # float32 weights: no TF32 rounding
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit
+def _gemv_block(x_ptr, w, w2, acc, acc2, rows, mrow, k0, K, H, NS, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_K: tl.constexpr, IEEE: tl.constexpr, ATTN_X: tl.constexpr):
+    # one K block: x[:, k0:k0 + BLOCK_K] (loaded, or merged from attention splits) times the loaded weight tiles
+    if ATTN_X:
+        x = _merge_splits(x_ptr, rows, mrow, k0 // BLOCK_K, H, NS, BLOCK_M, BLOCK_K).to(w.dtype)
+    else:
+        x = tl.load(x_ptr + rows[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=mrow[:, None], other=0.0)
+    acc = _dot(x, w, acc, IEEE)
+    if EPILOGUE == 2:
+        acc2 = _dot(x, w2, acc2, IEEE)
+    return acc, acc2
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-                 ATTN_X: tl.constexpr):
+                 ATTN_X: tl.constexpr, PDL: tl.constexpr):
     # skinny GEMM for decode (M <= 16 rows): y[M, BLOCK_N] = x[M, K] @ W[cols, K]^T, one column block per
     # program, the whole K in the program (N % BLOCK_N == 0, K % BLOCK_K == 0). Epilogues:
     #   PLAIN:    out[M, N] = y
@@ -81,25 +125,17 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     mrow = rows < M
+    _wait_previous(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(ksp * K_SPLIT, (ksp + 1) * K_SPLIT, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + cols[:, None] * K + ks[None, :])
-        if ATTN_X:
-            x = _merge_splits(x_ptr, rows, mrow, k0 // BLOCK_K, H, NS, BLOCK_M, BLOCK_K).to(w.dtype)
-        else:
-            x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=mrow[:, None], other=0.0)
-        if IEEE:                                    # float32 weights: no TF32 rounding
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        w2 = w
         if EPILOGUE == 2:
             w2 = tl.load(w_ptr + (cols[:, None] + N) * K + ks[None, :])
-            if IEEE:
-                acc2 = tl.dot(x, tl.trans(w2), acc2, input_precision="ieee")
-            else:
-                acc2 = tl.dot(x, tl.trans(w2), acc2)
+        acc, acc2 = _gemv_block(x_ptr, w, w2, acc, acc2, rows, mrow, k0, K, H, NS, EPILOGUE, BLOCK_M, BLOCK_K, IEEE,
+                                ATTN_X)
     dst = out_ptr + (ksp * M + rows[:, None]) * N + cols[None, :]
     if EPILOGUE == 0 or EPILOGUE == 3:
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mrow[:, None])
@@ -111,11 +147,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
 
 @triton.jit
 def _qk_rope_cache_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
-                          offset, M, S, D, s_row, s_head, s_pos, eps, HALF: tl.constexpr, S_PAD: tl.constexpr):
+                          offset, M, S, D, s_row, s_head, s_pos, eps, HALF: tl.constexpr, S_PAD: tl.constexpr,
+                          PDL: tl.constexpr):
     # one program per (row, head): sum of the S split-K parts of [q k v] + bias, RMSNorm of q and k, RoPE on
     # adjacent pairs, k and v into the cache
     row = tl.program_id(0)
     head = tl.program_id(1)
+    _wait_previous(PDL)
     i = tl.arange(0, HALF)
     ev, od = 2 * i, 2 * i + 1
     pos = tl.load(pos_ptr)
@@ -154,36 +192,124 @@ def _qk_rope_cache_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_
 
 
 @triton.jit
+def _kv_block(kb, vb, n0, end, s_pos, d, BLOCK_N: tl.constexpr):
+    # keys and values of cache positions n0 .. n0 + BLOCK_N (masked at `end`), both loads in flight
+    n = n0 + tl.arange(0, BLOCK_N)
+    mn = n < end
+    k = tl.load(kb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)
+    v = tl.load(vb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)
+    return k, v, mn
+
+
+@triton.jit
+def _softmax_block(k, v, mn, q, m_i, l_i, acc):
+    # online softmax (log2 domain) over one block of at least one position
+    sc = tl.where(mn, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))  # [BLOCK_N]
+    m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    return m_new, l_i * alpha + tl.sum(p, axis=0), acc
+
+
+@triton.jit
+def _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    # (max, sum, acc) of the online softmax over cache positions [start, end)
+    m_i = tl.full([1], float("-inf"), tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        k, v, mn = _kv_block(kb, vb, n0, end, s_pos, d, BLOCK_N)
+        m_i, l_i, acc = _softmax_block(k, v, mn, q, m_i, l_i, acc)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, H, s_row, s_head, s_pos,
                        split_len, n_splits, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DIRECT: tl.constexpr):
+                       DIRECT: tl.constexpr, PDL: tl.constexpr):
     # program (row*head, split): online softmax over cache positions [split*len, min(next, filled)) only
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     row = bh // H
     head = bh % H
-    length = tl.load(pos_ptr) + offset + 1
+    length = tl.load(pos_ptr) + offset + 1          # the position moves only between steps: safe before the wait
     start = sp * split_len
     end = tl.minimum(start + split_len, length)
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + bh * HEAD_DIM + d).to(tl.float32) * qk_scale          # log2 domain
-    m_i = tl.full([1], float("-inf"), tl.float32)
-    l_i = tl.zeros([1], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
     kb = k_ptr + row * s_row + head * s_head
     vb = v_ptr + row * s_row + head * s_head
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        mn = n < end
-        k = tl.load(kb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)
-        v = tl.load(vb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)   # both in flight
-        sc = tl.where(mn, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))  # [BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+    _wait_previous(PDL)
+    q = tl.load(q_ptr + bh * HEAD_DIM + d).to(tl.float32) * qk_scale          # log2 domain
+    m_i, l_i, acc = _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM, BLOCK_N)
+    one = tl.arange(0, 1)
+    if DIRECT:
+        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    else:
+        pb = part_ptr + (bh * n_splits + sp) * (HEAD_DIM + 2)
+        tl.store(pb + d, acc)
+        tl.store(pb + HEAD_DIM + one, m_i)
+        tl.store(pb + HEAD_DIM + 1 + one, l_i)
+
+
+@triton.jit
+def _head_vec(base, idx, ms, b_ptr):
+    # one head's slice of q, k or v: the sum of the split-K parts ([S_PAD, 1] pointers) at `idx`, plus the bias
+    return tl.sum(tl.load(base + idx[None, :], mask=ms, other=0.0), axis=0) + tl.load(b_ptr + idx).to(tl.float32)
+
+
+@triton.jit
+def _norm_rope(base, b_ptr, w_ptr, cos, sin, d, ms, eps, HEAD_DIM: tl.constexpr):
+    # RMSNorm of a head vector, then RoPE on adjacent pairs: out[d] = x[d] cos +- x[d ^ 1] sin (- for even d)
+    x = _head_vec(base, d, ms, b_ptr)
+    xp = _head_vec(base, d ^ 1, ms, b_ptr)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
+    x = x * r * tl.load(w_ptr + d).to(tl.float32)
+    xp = xp * r * tl.load(w_ptr + (d ^ 1)).to(tl.float32)
+    return x * cos + tl.where(d % 2 == 0, -xp, xp) * sin
+
+
+@triton.jit
+def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, part_ptr, out_ptr,
+                     offset, M, S, D, H, s_row, s_head, s_pos, split_len, n_splits, eps, qk_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, S_PAD: tl.constexpr, DIRECT: tl.constexpr,
+                     PDL: tl.constexpr):
+    # program (row*head, split): q from the split-K parts of [q k v] (+ bias, RMSNorm, RoPE), then online softmax
+    # over the cached positions of this split. The split holding the new token's slot also computes its k and v,
+    # writes them to the cache and counts them in; no other program reads that slot. DIRECT: one split, the
+    # output itself; else (acc, max, sum) for the combine kernel.
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    row = bh // H
+    head = bh % H
+    pos = tl.load(pos_ptr)                          # the position moves only between steps: safe before the wait
+    new = pos + offset                              # the new token's cache slot
+    start = sp * split_len
+    end = tl.minimum(start + split_len, new)
+    d = tl.arange(0, HEAD_DIM)
+    kb = k_ptr + row * s_row + head * s_head
+    vb = v_ptr + row * s_row + head * s_head
+    _wait_previous(PDL)
+    sp_ = tl.arange(0, S_PAD)
+    base = qkv_ptr + (sp_[:, None] * M + row) * 3 * D + head * HEAD_DIM       # [S_PAD, 1]: every split at once
+    ms = sp_[:, None] < S
+    cos = tl.load(cos_ptr + pos * (HEAD_DIM // 2) + d // 2)
+    sin = tl.load(sin_ptr + pos * (HEAD_DIM // 2) + d // 2)
+    q = _norm_rope(base, b_ptr + head * HEAD_DIM, qw_ptr, cos, sin, d, ms, eps, HEAD_DIM)
+    q = q.to(k_ptr.dtype.element_ty).to(tl.float32) * qk_scale                # as stored; log2 domain
+    m_i, l_i, acc = _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM, BLOCK_N)
+    if (new >= start) & (new < start + split_len):
+        k_new = _norm_rope(base + D, b_ptr + D + head * HEAD_DIM, kw_ptr, cos, sin, d, ms, eps, HEAD_DIM)
+        k_new = k_new.to(k_ptr.dtype.element_ty)
+        v_new = _head_vec(base + 2 * D, d, ms, b_ptr + 2 * D + head * HEAD_DIM).to(v_ptr.dtype.element_ty)
+        tl.store(kb + new * s_pos + d, k_new)
+        tl.store(vb + new * s_pos + d, v_new)
+        sc = tl.sum(k_new.to(tl.float32) * q, axis=0)
+        m_new = tl.maximum(m_i, sc)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new)
-        v = v.to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + p * v_new.to(tl.float32)
+        l_i = l_i * alpha + p
         m_i = m_new
     one = tl.arange(0, 1)
     if DIRECT:
@@ -196,9 +322,11 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, 
 
 
 @triton.jit
-def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+                         PDL: tl.constexpr):
     # one program per row*head: merge the splits' (acc, max, sum) into the attention output
     bh = tl.program_id(0)
+    _wait_previous(PDL)
     s = tl.arange(0, SPLITS)
     ms = s < n_splits
     d = tl.arange(0, HEAD_DIM)
@@ -209,6 +337,77 @@ def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, SP
     acc = tl.load(pb[:, None] + d[None, :], mask=ms[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + bh * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _lm_head_best_kernel(h_ptr, w_ptr, best_ptr, arg_ptr, scale_ptr, n_total_ptr, pos_ptr, P, N, K,
+                         GUIDED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         IEEE: tl.constexpr, PDL: tl.constexpr):
+    # one column block per program: logits of the conditional rows (0..P-1) and, with guidance, of the
+    # unconditional rows (P..2P-1) as two dots, so row p meets row P + p in registers; guided logits
+    # (1 + g) * c - g * u as `sampling.guide` computes them (logits rounded to the activation dtype first, g in
+    # float64, launched without FMA contraction); writes each prompt's block maximum and its first column
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    p = tl.arange(0, BLOCK_P)
+    mp = p < P
+    _wait_previous(PDL)
+    acc_c = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.trans(tl.load(w_ptr + cols[:, None] * K + ks[None, :]))
+        xc = tl.load(h_ptr + p[:, None] * K + ks[None, :], mask=mp[:, None], other=0.0)
+        if IEEE:
+            acc_c = tl.dot(xc, w, acc_c, input_precision="ieee")
+        else:
+            acc_c = tl.dot(xc, w, acc_c)
+        if GUIDED:
+            xu = tl.load(h_ptr + (P + p)[:, None] * K + ks[None, :], mask=mp[:, None], other=0.0)
+            if IEEE:
+                acc_u = tl.dot(xu, w, acc_u, input_precision="ieee")
+            else:
+                acc_u = tl.dot(xu, w, acc_u)
+    g = acc_c.to(h_ptr.dtype.element_ty).to(tl.float32)
+    if GUIDED:
+        n_total = tl.load(n_total_ptr).to(tl.float64)
+        gamma = tl.load(scale_ptr) * (n_total - tl.load(pos_ptr).to(tl.float64)) / n_total
+        u = acc_u.to(h_ptr.dtype.element_ty).to(tl.float32)
+        g = (1.0 + gamma).to(tl.float32) * g - gamma.to(tl.float32) * u
+    best, arg = tl.max(g, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    n_blocks = tl.num_programs(0)
+    tl.store(best_ptr + p * n_blocks + pid, best, mask=mp)
+    tl.store(arg_ptr + p * n_blocks + pid, pid * BLOCK_N + arg, mask=mp)
+
+
+@triton.jit
+def _pick_kernel(best_ptr, arg_ptr, wte_ptr, ids_ptr, x_ptr, pos_ptr, ticket_ptr, P, NB, D, ids_stride,
+                 GUIDED: tl.constexpr, NB_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    # one program per prompt: the first column of the largest guided logit over the blocks; ids[p, pos] = it;
+    # its embedding into the next step's input rows p (and P + p); the last program to finish advances pos
+    p = tl.program_id(0)
+    _wait_previous(PDL)
+    b = tl.arange(0, NB_PAD)
+    mb = b < NB
+    best = tl.load(best_ptr + p * NB + b, mask=mb, other=float("-inf"))
+    arg = tl.load(arg_ptr + p * NB + b, mask=mb, other=2147483647)
+    tok = tl.min(tl.where(best == tl.max(best, axis=0), arg, 2147483647), axis=0)
+    pos = tl.load(pos_ptr)
+    tl.store(ids_ptr + p * ids_stride + pos, tok.to(tl.int64))
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    e = tl.load(wte_ptr + tok.to(tl.int64) * D + d, mask=md)
+    tl.store(x_ptr + p * D + d, e, mask=md)
+    if GUIDED:
+        tl.store(x_ptr + (P + p) * D + d, e, mask=md)
+    tl.debug_barrier()                                              # every warp of this program has read pos
+    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == P - 1:       # ... and every other program too
+        tl.store(pos_ptr, pos + 1)
+        tl.store(ticket_ptr, 0)
+
+
+def _pdl_ok(device: torch.device) -> bool:
+    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _sm_count(device: torch.device) -> int:
@@ -227,9 +426,9 @@ def split_plan(rows_heads: int, cache_len: int, sms: int, block_n: int, waves: i
 # (epilogue, N, K, rows <= 2 ? 2 : 16) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, splits), or None where cuBLAS
 # was faster. Measured on an H200 with `featurectl bench cube3d --tune` (see docs/cube3d.md).
 GEMV_TABLE: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | None] = {
-    (2, 6144, 1536, 2): (32, 256, 4, 3, 1), (2, 6144, 1536, 16): (64, 256, 4, 3, 1),        # gate/up + SwiGLU
+    (2, 6144, 1536, 2): (32, 128, 4, 4, 1), (2, 6144, 1536, 16): (64, 256, 4, 3, 1),        # gate/up + SwiGLU
     (0, 16384, 1536, 2): (64, 128, 4, 3, 1), (0, 16384, 1536, 16): (64, 128, 4, 3, 1),      # lm_head
-    (3, 4608, 1536, 2): None, (3, 4608, 1536, 16): None,                                    # q/k/v: cuBLAS
+    (3, 4608, 1536, 2): (32, 128, 4, 3, 2), (3, 4608, 1536, 16): None,                      # q/k/v (None: cuBLAS)
     (3, 1536, 1536, 2): (32, 256, 4, 3, 2), (3, 1536, 1536, 16): (32, 256, 4, 3, 2),        # attention output
     (3, 1536, 6144, 2): (32, 256, 4, 4, 4), (3, 1536, 6144, 16): (32, 256, 4, 4, 4),        # MLP down
 }
@@ -256,6 +455,8 @@ def gemv_config(epilogue: int, m: int, n: int, k: int) -> tuple[int, int, int, i
     return block_n, block_k, 4, 4, splits
 
 
+# the lm_head with guidance + argmax (`lm_head_pick`): (BLOCK_N, BLOCK_K, num_warps, num_stages)
+LM_HEAD_PICK = (64, 128, 4, 3)
 # rows <= 2 ? 2 : 16 -> (BLOCK_N, num_warps, num_stages, waves of programs over the chip); measured on an H200
 ATTN_TABLE: dict[int, tuple[int, int, int, int]] = {2: (32, 4, 2, 4), 16: (64, 4, 3, 8)}
 ATTN_DEFAULT = (32, 4, 2, 4)
@@ -283,12 +484,19 @@ class TritonOps:
         self.attn = attn                    # fixed attention launch parameters (tests, tuning); None: the table
         self.gemv = gemv
         self.attn_block_n = None            # tests may force a small block to exercise several splits
+        self.fuse_pick = FUSE_PICK
+        self._ticket: Tensor | None = None  # [1] int32, the pick kernel's count of finished programs
+
+    @staticmethod
+    def _pdl(device: torch.device) -> dict:
+        """Launch options and the kernels' PDL flag for `device`."""
+        return dict(launch_pdl=True, PDL=True) if _pdl_ok(device) else dict(PDL=False)
 
     def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         h = torch.empty_like(x)
         rows, d = x.shape
         _layer_norm_kernel[(rows,)](x, x, x, h, rows, d, 0, eps, ADD=False, S_PAD=1,
-                                    BLOCK=triton.next_power_of_2(d), num_warps=8)
+                                    BLOCK=triton.next_power_of_2(d), num_warps=8, **self._pdl(x.device))
         return h
 
     def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor:
@@ -297,7 +505,7 @@ class TritonOps:
         rows, d = x.shape
         _layer_norm_kernel[(rows,)](x, parts, bias, h, rows, d, parts.shape[0], eps, ADD=True,
                                     S_PAD=triton.next_power_of_2(parts.shape[0]), BLOCK=triton.next_power_of_2(d),
-                                    num_warps=8)
+                                    num_warps=8, **self._pdl(x.device))
         return h
 
     def _gemv(self, x: Tensor | AttnParts, w: Tensor, b: Tensor | None, n: int, epilogue: int):
@@ -319,7 +527,7 @@ class TritonOps:
         _gemv_kernel[(n // block_n, splits)](src, w, w if b is None else b, out, m, n, k, k // splits, heads, n_splits,
                                              EPILOGUE=epilogue, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
                                              IEEE=dtype == torch.float32, ATTN_X=attn, num_warps=warps,
-                                             num_stages=stages)
+                                             num_stages=stages, **self._pdl(w.device))
         return out
 
     def _merged(self, a: Tensor | AttnParts) -> Tensor:
@@ -329,7 +537,8 @@ class TritonOps:
         out = torch.empty(a.rows, a.n_head * a.head_dim, dtype=a.dtype, device=a.parts.device)
         n_splits = a.parts.shape[1]
         _attn_combine_kernel[(a.rows * a.n_head,)](a.parts, out, n_splits, HEAD_DIM=a.head_dim,
-                                                  SPLITS=triton.next_power_of_2(n_splits), num_warps=4)
+                                                  SPLITS=triton.next_power_of_2(n_splits), num_warps=4,
+                                                  **self._pdl(out.device))
         return out
 
     def linear(self, x: Tensor, w: Tensor) -> Tensor:
@@ -358,7 +567,7 @@ class TritonOps:
         _qk_rope_cache_kernel[(rows, n_head)](
             qkv, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, pos, q, kc, vc, lw.offset, rows, qkv.shape[0],
             n_head * head_dim, kc.stride(0), kc.stride(1), kc.stride(2), eps, HALF=head_dim // 2,
-            S_PAD=triton.next_power_of_2(qkv.shape[0]), num_warps=1)
+            S_PAD=triton.next_power_of_2(qkv.shape[0]), num_warps=1, **self._pdl(q.device))
         return q
 
     def attention(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> AttnParts:
@@ -373,8 +582,51 @@ class TritonOps:
         _attn_split_kernel[(rows * n_head, n_splits)](
             q, kc, vc, pos, part, part, lw.offset, n_head, kc.stride(0), kc.stride(1), kc.stride(2),
             split_len, n_splits, qk_scale, HEAD_DIM=head_dim, BLOCK_N=block_n, DIRECT=False,
-            num_warps=warps, num_stages=stages)
+            num_warps=warps, num_stages=stages, **self._pdl(q.device))
         return AttnParts(part, rows, n_head, head_dim, q.dtype)
+
+    def lm_head_pick(self, h: Tensor, w: Tensor, wte: Tensor, prompts: int, guided: bool, scale: Tensor,
+                     n_total: Tensor, pos: Tensor, ids: Tensor, x_next: Tensor) -> None:
+        """Greedy token choice without logits in memory: guidance and argmax inside the lm_head GEMM (per column
+        block), then one program per prompt picks the id, writes `ids[:, pos]` and the next step's embeddings
+        (rows p and prompts + p of `x_next`) and advances `pos`: what `Engine._advance` does in about 20 launches.
+        h: [R, D] after the final LayerNorm; w: [V, D] lm_head rows of the shape codes; wte: [vocab, D]."""
+        n, k = w.shape
+        block_n, block_k, warps, stages = LM_HEAD_PICK
+        n_blocks = n // block_n
+        if self._ticket is None or self._ticket.device != h.device:
+            self._ticket = torch.zeros(1, dtype=torch.int32, device=h.device)
+        best = torch.empty(prompts, n_blocks, dtype=torch.float32, device=h.device)
+        arg = torch.empty(prompts, n_blocks, dtype=torch.int32, device=h.device)
+        _lm_head_best_kernel[(n_blocks,)](h, w, best, arg, scale, n_total, pos, prompts, n, k, GUIDED=guided,
+                                          BLOCK_P=max(16, triton.next_power_of_2(prompts)), BLOCK_N=block_n,
+                                          BLOCK_K=block_k, IEEE=h.dtype == torch.float32, num_warps=warps,
+                                          num_stages=stages, enable_fp_fusion=False, **self._pdl(h.device))
+        _pick_kernel[(prompts,)](best, arg, wte, ids, x_next, pos, self._ticket, prompts, n_blocks, k, ids.stride(0),
+                                 GUIDED=guided, NB_PAD=triton.next_power_of_2(n_blocks),
+                                 BLOCK_D=triton.next_power_of_2(k), num_warps=4, **self._pdl(h.device))
+
+    def qkv_attention(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor, pos: Tensor,
+                      eps: float) -> Tensor | AttnParts:
+        """q/k norm + RoPE + cache write + attention in one kernel: [R, D], or `AttnParts` when split over the
+        cache (then merged by `linear_parts`). qkv: [S, R, 3D] split-K parts, no bias yet."""
+        if rows > FUSE_QK_ROWS:
+            return self.attention(self.qk_norm_rope_cache(qkv, lw, rows, cos, sin, pos, eps), lw, rows, pos)
+        kc, vc = lw.cache.k, lw.cache.v
+        n_head, cache_len, head_dim = kc.shape[1], kc.shape[2], kc.shape[3]
+        block_n, warps, stages, waves = self.attn or ATTN_TABLE.get(2 if rows <= 2 else 16, ATTN_DEFAULT)
+        block_n = self.attn_block_n or block_n
+        split_len, n_splits = split_plan(rows * n_head, cache_len, _sm_count(qkv.device), block_n, waves)
+        direct = n_splits == 1
+        part = torch.empty(rows * n_head, n_splits, head_dim + 2, dtype=torch.float32, device=qkv.device)
+        out = torch.empty(rows, n_head * head_dim, dtype=kc.dtype, device=qkv.device) if direct else part
+        _qkv_attn_kernel[(rows * n_head, n_splits)](
+            qkv, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, pos, kc, vc, part, out, lw.offset, rows, qkv.shape[0],
+            n_head * head_dim, n_head, kc.stride(0), kc.stride(1), kc.stride(2), split_len, n_splits, eps,
+            (1.0 / math.sqrt(head_dim)) * math.log2(math.e), HEAD_DIM=head_dim, BLOCK_N=block_n,
+            S_PAD=triton.next_power_of_2(qkv.shape[0]), DIRECT=direct, num_warps=warps, num_stages=stages,
+            **self._pdl(qkv.device))
+        return out if direct else AttnParts(part, rows, n_head, head_dim, kc.dtype)
 
     def attention_output(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> Tensor:
         """The merged attention output [R, D] (tests and tools)."""

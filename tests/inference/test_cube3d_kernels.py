@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
     from inference import triton_ops
     from inference.engine import Engine
     from inference.ops import TorchOps
+    from inference.sampling import guide
     from inference.triton_ops import TritonOps
 
     torch.manual_seed(0)
@@ -53,6 +54,16 @@ SCRIPT = textwrap.dedent("""
             q2 = to.qk_norm_rope_cache(qkv, lw, rows, m.rope_cos, m.rope_sin, pos, 1e-5)
             assert rel(q1, q2) < 1e-5 and rel(k1, lw.cache.k) < 1e-6 and rel(v1, lw.cache.v) < 1e-6
             assert rel(tr.attention_output(q2, lw, rows, pos), to.attention(q2, lw, rows, pos)) < 1e-5
+            triton_ops.FUSE_QK_ROWS = rows
+            for attn in (None, (32, 4, 2, 0)):       # fused q/k norm + RoPE: split over the cache, or one program
+                tr.attn = attn
+                lw.cache.k.copy_(saved[0]); lw.cache.v.copy_(saved[1])
+                got = tr._merged(tr.qkv_attention(qkv, lw, rows, m.rope_cos, m.rope_sin, pos, 1e-5))
+                k1, v1 = lw.cache.k.clone(), lw.cache.v.clone()
+                lw.cache.k.copy_(saved[0]); lw.cache.v.copy_(saved[1])
+                want = to.qkv_attention(qkv, lw, rows, m.rope_cos, m.rope_sin, pos, 1e-5)
+                assert rel(got, want) < 1e-5 and rel(k1, lw.cache.k) < 1e-6 and rel(v1, lw.cache.v) < 1e-6
+            tr.attn = None
             wp = torch.randn(cfg.n_embd, cfg.n_embd)
             for fuse in (False, True):                                     # combine kernel, or inside the GEMM
                 triton_ops.FUSE_COMBINE = fuse
@@ -64,6 +75,16 @@ SCRIPT = textwrap.dedent("""
     for lw, (k, v) in zip(m.decode_layers(), caches):
         lw.cache.k.copy_(k); lw.cache.v.copy_(v)
     assert rel(m.decode_step(x, torch.tensor([5]), tr), ref) < 1e-5
+    w, wte = torch.randn(256, d) / d ** 0.5, torch.randn(300, d)           # four column blocks of the head
+    for prompts, guided in ((1, True), (4, True), (5, False)):            # guidance + argmax + id + embedding
+        h = torch.randn(prompts * (2 if guided else 1), d)
+        pos, n_total, scale = torch.tensor([7]), torch.tensor([12]), torch.tensor([3.0], dtype=torch.float64)
+        ids, x_next = torch.zeros(8, 12, dtype=torch.long), torch.zeros(16, d)
+        tr.lm_head_pick(h, w, wte, prompts, guided, scale, n_total, pos, ids, x_next)
+        want = guide(to.linear(h, w), prompts, guided, scale, torch.tensor([7]), n_total).argmax(-1)
+        assert torch.equal(ids[:prompts, 7], want) and torch.equal(x_next[:prompts], wte[want])
+        assert torch.equal(x_next[prompts:2 * prompts], wte[want] if guided else torch.zeros(prompts, d))
+        assert pos.item() == 8 and tr._ticket.item() == 0                  # advanced once, ticket reset
     print("kernels ok")
 """)
 

@@ -1,15 +1,16 @@
 """Chunks of prebuilt HSET commands -> one Redis node, each chunk atomic and never older than what Redis holds.
 
-Per chunk, two round trips on one connection: `WATCH` the keys and `HGET` their `_ts:{view}`; drop the rows whose
-stored event time is newer than ours; `MULTI`, the remaining HSETs, `EXEC`. If anyone (a streaming writer, another
-materialization) writes one of the watched keys in between, Redis refuses the EXEC and the chunk is checked
-again, so an older row never overwrites a newer one even under concurrent writers. This is Redis's own optimistic
-locking, much cheaper on the server than a Lua script that receives every value as an argument.
+Per chunk: `WATCH` the keys and `HGET` their `_ts:{view}`; drop the rows whose stored event time is newer than
+ours; `MULTI`, the remaining HSETs, `EXEC`. If anyone (a streaming writer, another materialization) writes one of
+the watched keys in between, Redis refuses the EXEC and the chunk is checked again, so an older row never
+overwrites a newer one even under concurrent writers. This is Redis's own optimistic locking, much cheaper on the
+server than a Lua script that receives every value as an argument. Chunks stay small (64 keys) because Redis
+checks each WATCHed key against the connection's others; in steady state one round trip carries one chunk's
+transaction and the next chunk's check.
 
 The commands arrive as Arrow binary arrays whose data buffer is the RESP stream itself (`serving.redis_columns`);
-they go to the socket without a copy and the replies are parsed by hiredis, so the Python cost per row is a few
-hundred nanoseconds. The writer runs on its own thread so that encoding the next batch overlaps Redis's work.
-"""
+they go to the socket in one write per round trip and the replies are parsed by hiredis, so the Python cost per
+row is small. Writer threads (one connection each) run beside the encoding of the next batch."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class CheckedChunkWriter:
         self.error: Optional[BaseException] = None
         self._pool = client.connection_pool
         self._lock = threading.Lock()
+        self._ended = threading.local()
         self._threads = [threading.Thread(target=self._run, name=f"redis-writer-{i}", daemon=True)
                          for i in range(connections)]
         for thread in self._threads:
@@ -84,45 +86,86 @@ class CheckedChunkWriter:
         return self.written
 
     def _run(self) -> None:
+        self._ended.flag = False
         conn = self._pool.get_connection()
         try:
             conn.connect()
-            channel = _Channel(conn)
-            while (rows := self.pending.get()) is not None:
-                if self.error:
-                    continue
-                written, skipped, retries = self._write(channel, rows)
-                with self._lock:
-                    self.written += written
-                    self.skipped_older += skipped
-                    self.retries += retries
+            self._pipeline(_Channel(conn))
         except BaseException as exc:  # surfaced to the caller by send() or close()
             self.error = exc
-            conn.disconnect()
-            while self.pending.get() is not None:
-                pass
         finally:
+            if self.error:  # this connection may still hold WATCHes: never hand it back as it is
+                conn.disconnect()
             self._pool.release(conn)
+            while not self._ended.flag:  # wait for this thread's end marker, so that close() never blocks
+                self._next()
+
+    def _next(self) -> Optional[RowCommands]:
+        rows = self.pending.get()
+        self._ended.flag = rows is None
+        return rows
+
+    def _pipeline(self, channel: "_Channel") -> None:
+        """One round trip per chunk: the previous chunk's MULTI/HSET/EXEC, then this chunk's WATCH and HGETs
+        (EXEC drops the old watches, so the new ones start clean). An aborted EXEC is retried the careful way."""
+        rows = self._next()
+        stored = channel.round_trip(_check(rows), 1 + len(rows))[1:] if rows is not None else []
+        while rows is not None and not self.error:
+            following = self._next()
+            keep = _not_older(stored, rows.millis)
+            commit, expected = _commit(rows, keep)
+            check = _check(following) if following is not None else []
+            replies = channel.round_trip(commit + check, expected + (1 + len(following) if check else 0))
+            if len(keep) and replies[expected - 1] is None:
+                channel.round_trip([_UNWATCH], 1)
+                written, skipped, retries = self._write(channel, rows)
+                self._count(written, skipped, retries + 1)
+                stored = channel.round_trip(check, 1 + len(following))[1:] if check else []
+            else:
+                _raise_failed(replies[expected - 1] if len(keep) else [])
+                self._count(len(keep), len(rows) - len(keep), 0)
+                stored = replies[expected + 1:]
+            rows = following
+
+    def _count(self, written: int, skipped: int, retries: int) -> None:
+        with self._lock:
+            self.written += written
+            self.skipped_older += skipped
+            self.retries += retries
 
     def _write(self, channel: "_Channel", rows: RowCommands) -> tuple[int, int, int]:
-        """(rows written, rows skipped as older than Redis's, attempts refused by a concurrent write)."""
-        n = len(rows)
-        check = [columns.variadic_head(b"WATCH", n), columns.command_bytes(rows.key_bulks, 0, n),
-                 columns.command_bytes(rows.reads, 0, n)]
+        """One chunk alone, checked and written until no concurrent write interferes: (rows written, rows
+        skipped as older than Redis's, attempts refused by a concurrent write)."""
         for attempt in range(ATTEMPTS):
-            keep = _not_older(channel.round_trip(check, 1 + n)[1:], rows.millis)
-            if len(keep) == 0:
-                channel.round_trip([_UNWATCH], 1)
-                return 0, n, attempt
-            body = rows.writes if len(keep) == n else rows.writes.take(pa.array(keep))
-            replies = channel.round_trip([_MULTI, columns.command_bytes(body, 0, len(body)), _EXEC], len(body) + 2)
-            if replies[-1] is not None:
-                failed = [r for r in replies[-1] if isinstance(r, hiredis.ReplyError)]
-                if failed:
-                    raise RedisWriteError(f"Redis refused {len(failed)} writes of a chunk: {failed[0]}")
-                return len(body), n - len(body), attempt
-        raise RedisWriteError(f"{ATTEMPTS} attempts to write a chunk of {n} keys were refused because other "
-                              f"clients kept writing the same keys; retry when that writer is idle")
+            keep = _not_older(channel.round_trip(_check(rows), 1 + len(rows))[1:], rows.millis)
+            commit, expected = _commit(rows, keep)
+            replies = channel.round_trip(commit, expected)
+            if len(keep) == 0 or replies[-1] is not None:
+                _raise_failed(replies[-1] if len(keep) else [])
+                return len(keep), len(rows) - len(keep), attempt
+        raise RedisWriteError(f"{ATTEMPTS} attempts to write a chunk of {len(rows)} keys were refused because "
+                              f"other clients kept writing the same keys; retry when that writer is idle")
+
+
+def _check(rows: RowCommands) -> list:
+    """WATCH the chunk's keys and HGET their `_ts`: 1 + len(rows) replies."""
+    n = len(rows)
+    return [columns.variadic_head(b"WATCH", n), columns.command_bytes(rows.key_bulks, 0, n),
+            columns.command_bytes(rows.reads, 0, n)]
+
+
+def _commit(rows: RowCommands, keep: np.ndarray) -> tuple[list, int]:
+    """The writes of the rows kept, in one transaction (or just UNWATCH when none is): payload, reply count."""
+    if len(keep) == 0:
+        return [_UNWATCH], 1
+    body = rows.writes if len(keep) == len(rows) else rows.writes.take(pa.array(keep))
+    return [_MULTI, columns.command_bytes(body, 0, len(body)), _EXEC], len(body) + 2
+
+
+def _raise_failed(exec_replies: list) -> None:
+    failed = [r for r in exec_replies if isinstance(r, hiredis.ReplyError)]
+    if failed:
+        raise RedisWriteError(f"Redis refused {len(failed)} writes of a chunk: {failed[0]}")
 
 
 def _not_older(stored: list, millis: np.ndarray) -> np.ndarray:
@@ -147,8 +190,7 @@ class _Channel:
 
     def round_trip(self, payload: list, replies: int) -> list:
         """Send, then read exactly `replies` replies; a Redis error reply becomes a RedisWriteError."""
-        for part in payload:
-            self.sock.sendall(part)
+        self.sock.sendall(b"".join(payload))  # one segment: Redis wakes once per round trip, not once per part
         out = []
         while len(out) < replies:
             reply = self.reader.gets()

@@ -97,6 +97,25 @@ def test_a_concurrent_newer_write_aborts_the_chunk_which_is_checked_again(client
     assert _scores(client, project, ids) == [1, 999, 3]
 
 
+def test_an_aborted_chunk_in_the_pipeline_is_retried_and_the_next_chunk_still_written(client):
+    client, project = client
+    writer = CheckedChunkWriter(client, connections=0)
+    for rows in (_chunk(project, ["x", "y", "z"], [1, 2, 3], [10_000] * 3), _chunk(project, ["u", "v"], [4, 5],
+                                                                                      [10_000] * 2), None):
+        writer.pending.put(rows)
+    conn = client.connection_pool.get_connection()
+    conn.connect()
+    try:
+        other = redis.Redis(**client.connection_pool.connection_kwargs)
+        key = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["y"])
+        writer._ended.flag = False
+        writer._pipeline(_InterruptedChannel(conn, other, key))
+    finally:
+        client.connection_pool.release(conn)
+    assert (writer.written, writer.skipped_older, writer.retries) == (4, 1, 1)
+    assert _scores(client, project, ["x", "y", "z", "u", "v"]) == [1, 999, 3, 4, 5]
+
+
 def test_a_redis_error_reply_is_reported_with_its_reason(client):
     client, project = client
     client.set(layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["s"]), "a string, not a hash")

@@ -20,21 +20,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
-import redis
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
 
-from cli_helpers import ROOT, featurectl
+from cli_helpers import ROOT, featurectl, stop_process
 from dsl.feature_view import FeatureView
 from featurectl.config import ProjectConfig, load_config
 from featurectl.services import KafkaBroker, PostgresServer, RedisServer
 from featurectl.services.process import LocalService
-from serving import redis_layout
 
 
 def sibling(name: str, folder: str) -> ModuleType:
@@ -117,36 +113,10 @@ class PrivateServices:
                 service.down()
 
 
-STREAM_YAML = """\
-project: {project}
-provider: local
-registry:
-  registry_type: sql
-  path: sqlite:///{folder}/registry.db
-online_store:
-  type: redis
-  connection_string: "127.0.0.1:{redis}"
-offline_store:
-  type: file
-entity_key_serialization_version: 3
-platform:
-  state_dir: {folder}/state
-  data_dir: {folder}/data
-  kafka:
-    bootstrap_servers: "{bootstrap}"
-"""
-
-
 def stream_repo(folder: Path, services: PrivateServices, views: tuple[str, ...]):
     """The example views on a topic of their own, against the private Redis and Kafka, registered (for the
     feature server); returns a `stream_env.StreamRepo` (its `cleanup` is for shared services and not needed)."""
-    suffix = uuid.uuid4().hex[:8]
-    repo = stream_env.StreamRepo(folder, f"reliability_{suffix}", f"reliability-{suffix}")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "feature_store.yaml").write_text(STREAM_YAML.format(
-        project=repo.project, folder=folder, redis=services.redis_port, bootstrap=services.bootstrap))
-    lines = "\n".join(f"{v} = dataclasses.replace(example.{v}, source=interactions)" for v in views)
-    (folder / "features.py").write_text(stream_env.FEATURES_PY.format(topic=repo.topic, views=lines))
+    repo = stream_env.StreamRepo.create(folder, views, services.redis_port, services.bootstrap, "reliability")
     applied = featurectl("--repo", str(folder), "apply")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     return repo
@@ -169,43 +139,6 @@ def example_repo(folder: Path, project: str, registry: dict, redis_port: int) ->
     return repo
 
 
-def produce(bootstrap: str, topic: str, payloads: list[Optional[bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "message.max.bytes": 2_000_000})
-    for payload in payloads:
-        producer.produce(topic, value=payload)
-        producer.poll(0)
-    assert producer.flush(60) == 0, "could not deliver the test events to Kafka"
-
-
-def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 90.0) -> list[dict]:
-    """The committed dead letters of a source topic, once `expected` are there (plus one second for extras)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(f"{topic}.dead-letters", 0, 0)])
-    out: list[dict] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(out) < expected and time.monotonic() < deadline:
-            out += [json.loads(m.value()) for m in consumer.consume(1000, 0.5) if not m.error()]
-        out += [json.loads(m.value()) for m in consumer.consume(1000, 1.0) if not m.error()]
-    finally:
-        consumer.close()
-    return out
-
-
-def served(port: int, project: str, view: FeatureView, keys: list[str]) -> dict[str, dict[str, Any]]:
-    """Values in the Redis on `port` per entity, decoded with the layout module."""
-    client = redis.Redis(port=port)
-    encoder = redis_layout.KeyEncoder(project, view.entity.join_keys)
-    names = view.feature_names
-    fields = redis_layout.hash_fields(view.name, names)
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hmget(encoder.key([key]), fields)
-    return {key: {n: redis_layout.decode_value(v) for n, v in zip(names, raw[:-1])}
-            for key, raw in zip(keys, pipe.execute())}
-
-
 def wait_exact(port: int, project: str, view: FeatureView, on_time: list[dict], timeout_s: float = 60.0) -> list:
     """Until Redis holds the oracle's values for every entity of `on_time` (the writer may still be rewriting);
     returns the mismatches left at the deadline (empty: exact)."""
@@ -213,7 +146,7 @@ def wait_exact(port: int, project: str, view: FeatureView, on_time: list[dict], 
     want = stream_env.expected(view, on_time)
     deadline = time.monotonic() + timeout_s
     while True:
-        wrong = stream_env.mismatches(want, served(port, project, view, keys), view.feature_names)
+        wrong = stream_env.mismatches(want, stream_env.served(project, view, keys, port), view.feature_names)
         if not wrong or time.monotonic() > deadline:
             return wrong
         time.sleep(0.5)
@@ -250,12 +183,7 @@ def cli_server(repo: Path, command: str, *args: str) -> Iterator[str]:
             time.sleep(0.3)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process)
 
 
 def feature_server(repo: Path, *args: str) -> contextlib.AbstractContextManager[str]:

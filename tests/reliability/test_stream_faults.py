@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from feature_repo.sample_data import SampleSpec, interaction_columns
-from fault_env import PrivateServices, dead_letters, feature_server, http, produce, stream_env, stream_repo, wait_exact
+from fault_env import PrivateServices, feature_server, http, stream_env, stream_repo, wait_exact
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ class Env:
         return self.log.payloads[sent:]
 
     def produce(self, payloads: list) -> None:
-        produce(self.services.bootstrap, self.repo.topic, payloads)
+        stream_env.produce(self.repo.topic, payloads, self.services.bootstrap)
         self.sent += len(payloads)
 
     def assert_exact(self) -> None:
@@ -73,7 +73,7 @@ class Env:
         self.stream.wait_events({VIEW: len(self.log.on_time)})
         wrong = wait_exact(self.services.redis_port, self.repo.project, self.view, self.log.on_time)
         assert not wrong, f"{len(wrong)} served values differ from the oracle, e.g. {wrong[:5]}"
-        letters = dead_letters(self.services.bootstrap, self.repo.topic, len(self.log.dead))
+        letters = stream_env.dead_letters(self.repo.topic, len(self.log.dead), 90.0, self.services.bootstrap)
         assert {d["kafka_offset"]: d["reason"] for d in letters} == self.log.dead
         assert len(letters) == len(self.log.dead), "a dead letter was written twice"
 

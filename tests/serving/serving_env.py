@@ -21,6 +21,8 @@ from typing import Iterator, Optional
 
 import yaml
 
+from cli_helpers import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -102,12 +104,7 @@ class RedisServer:
     def stop(self) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+            stop_process(self.process, 10)
 
 
 @contextlib.contextmanager
@@ -162,12 +159,7 @@ def feature_server(repo: Path, port: int, *args: str) -> Iterator[str]:
                 time.sleep(0.3)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process)
 
 
 def post(url: str, body, path: str = "/get-online-features") -> tuple[int, dict]:

@@ -156,7 +156,7 @@ def test_keys_never_reach_the_log(served):
     log = (served.repo.parent / f"server-{served.url.rsplit(':', 1)[1]}.log").read_text()
     assert "API keys required" in log
     for _, secret in served.keys.values():
-        assert secret not in log and secret.split("_")[-1] not in log
+        assert secret not in log and secret.split("_", 2)[2] not in log   # fk_<id>_<secret>: the secret may hold "_"
 
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}  # Java reports IPv4 loopback as IPv4-mapped IPv6

@@ -70,12 +70,14 @@ class StreamRepo:
     topic: str
 
     @classmethod
-    def create(cls, folder: Path, views: tuple[str, ...]) -> "StreamRepo":
+    def create(cls, folder: Path, views: tuple[str, ...], redis_port: int = REDIS_PORT, bootstrap: str = BOOTSTRAP,
+               name: str = "stream_test") -> "StreamRepo":
+        """The example views on a topic of their own, against the Redis and Kafka given (the shared ones by default)."""
         suffix = uuid.uuid4().hex[:8]
-        repo = cls(folder, f"stream_test_{suffix}", f"stream-test-{suffix}")
+        repo = cls(folder, f"{name}_{suffix}", f"{name.replace('_', '-')}-{suffix}")
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "feature_store.yaml").write_text(FEATURE_STORE_YAML.format(
-            project=repo.project, folder=folder, redis_port=REDIS_PORT, bootstrap=BOOTSTRAP))
+            project=repo.project, folder=folder, redis_port=redis_port, bootstrap=bootstrap))
         lines = "\n".join(f"{v} = dataclasses.replace(example.{v}, source=interactions)" for v in views)
         (folder / "features.py").write_text(FEATURES_PY.format(topic=repo.topic, views=lines))
         return repo
@@ -180,17 +182,18 @@ class EventLog:
         self.payloads.append(payload)
 
 
-def produce(topic: str, payloads: list[Optional[bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 5})
+def produce(topic: str, payloads: list[Optional[bytes]], bootstrap: str = BOOTSTRAP) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "message.max.bytes": 2_000_000})
     for payload in payloads:
         producer.produce(topic, value=payload)
-    assert producer.flush(30) == 0, "could not deliver the test events to Kafka"
+        producer.poll(0)
+    assert producer.flush(60) == 0, "could not deliver the test events to Kafka"
 
 
-def dead_letters(topic: str, expected: int, timeout_s: float = 60.0) -> list[dict]:
+def dead_letters(topic: str, expected: int, timeout_s: float = 60.0, bootstrap: str = BOOTSTRAP) -> list[dict]:
     """The committed dead letters of a source topic: waits until `expected` are there, then one second more (for
     any that should not be)."""
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"test-{uuid.uuid4().hex}",
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     consumer.assign([TopicPartition(f"{topic}.dead-letters", 0, 0)])
     out: list[dict] = []
@@ -204,9 +207,9 @@ def dead_letters(topic: str, expected: int, timeout_s: float = 60.0) -> list[dic
     return out
 
 
-def served(project: str, view: FeatureView, keys: list[str]) -> dict[str, dict[str, Any]]:
+def served(project: str, view: FeatureView, keys: list[str], redis_port: int = REDIS_PORT) -> dict[str, dict[str, Any]]:
     """Values in Redis per entity (join key value), decoded with the layout module, plus `_ts` in ms."""
-    client = redis.Redis(port=REDIS_PORT)
+    client = redis.Redis(port=redis_port)
     encoder = redis_layout.KeyEncoder(project, view.entity.join_keys)
     names = view.feature_names
     fields = redis_layout.hash_fields(view.name, names)

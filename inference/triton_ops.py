@@ -225,6 +225,20 @@ def _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM: tl.constexpr, BLOC
 
 
 @triton.jit
+def _store_attention(out_ptr, part_ptr, bh, sp, n_splits, d, acc, m_i, l_i, HEAD_DIM: tl.constexpr,
+                     DIRECT: tl.constexpr):
+    # one split's result: the output itself when there is one split, else (acc, max, sum) for the combine kernel
+    one = tl.arange(0, 1)
+    if DIRECT:
+        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    else:
+        pb = part_ptr + (bh * n_splits + sp) * (HEAD_DIM + 2)
+        tl.store(pb + d, acc)
+        tl.store(pb + HEAD_DIM + one, m_i)
+        tl.store(pb + HEAD_DIM + 1 + one, l_i)
+
+
+@triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, H, s_row, s_head, s_pos,
                        split_len, n_splits, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                        DIRECT: tl.constexpr, PDL: tl.constexpr):
@@ -242,14 +256,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, 
     _wait_previous(PDL)
     q = tl.load(q_ptr + bh * HEAD_DIM + d).to(tl.float32) * qk_scale          # log2 domain
     m_i, l_i, acc = _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM, BLOCK_N)
-    one = tl.arange(0, 1)
-    if DIRECT:
-        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
-    else:
-        pb = part_ptr + (bh * n_splits + sp) * (HEAD_DIM + 2)
-        tl.store(pb + d, acc)
-        tl.store(pb + HEAD_DIM + one, m_i)
-        tl.store(pb + HEAD_DIM + 1 + one, l_i)
+    _store_attention(out_ptr, part_ptr, bh, sp, n_splits, d, acc, m_i, l_i, HEAD_DIM, DIRECT)
 
 
 @triton.jit
@@ -311,14 +318,7 @@ def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, 
         acc = acc * alpha + p * v_new.to(tl.float32)
         l_i = l_i * alpha + p
         m_i = m_new
-    one = tl.arange(0, 1)
-    if DIRECT:
-        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
-    else:
-        pb = part_ptr + (bh * n_splits + sp) * (HEAD_DIM + 2)
-        tl.store(pb + d, acc)
-        tl.store(pb + HEAD_DIM + one, m_i)
-        tl.store(pb + HEAD_DIM + 1 + one, l_i)
+    _store_attention(out_ptr, part_ptr, bh, sp, n_splits, d, acc, m_i, l_i, HEAD_DIM, DIRECT)
 
 
 @triton.jit

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import orjson
 
+from serving.asgi_body import read_body
 from serving.client import AsyncOnlineClient
 from serving.errors import RedisUnavailableError, RequestError, ServingError, UnknownServiceError
 from serving.gateway import REQUESTS, Gateway, Refusal, key_from_headers
@@ -88,18 +89,9 @@ def parse_request(body: bytes) -> tuple[Any, dict, bool]:
 
 
 async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b""  # nobody is left to read the answer
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+    body = await read_body(receive, MAX_BODY_BYTES,
+                           TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request"))
+    return b"" if body is None else body  # None: the client went away, nobody is left to read the answer
 
 
 class FeatureServer:

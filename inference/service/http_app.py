@@ -29,6 +29,7 @@ from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
 from inference.service.service import BadRequestError, GenerationService, RequestTimeoutError, ServiceError
 from serving.api_keys import ApiKey
+from serving.asgi_body import read_body
 from serving.gateway import TOKENS, Gateway, Refusal, key_from_headers
 
 log = logging.getLogger(__name__)
@@ -242,18 +243,11 @@ class GenerationApp:
 
 
 async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BadRequestError("the client went away before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BadRequestError(f"request body over {MAX_BODY_BYTES} bytes; send a shorter prompt")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+    body = await read_body(receive, MAX_BODY_BYTES,
+                           BadRequestError(f"request body over {MAX_BODY_BYTES} bytes; send a shorter prompt"))
+    if body is None:
+        raise BadRequestError("the client went away before sending the whole body")
+    return body
 
 
 def serve(make_service: Callable[[], GenerationService], host: str = "127.0.0.1", port: int = 6570,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 import uuid
 from pathlib import Path
 
@@ -12,9 +11,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 import redis
-import yaml
 
-from cli_helpers import featurectl
+from cli_helpers import copy_example_repo, featurectl
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
@@ -28,15 +26,7 @@ VIEW = "asset_activity"
 
 
 def _make_repo(tmp: Path, project: str) -> Path:
-    repo = tmp / project
-    repo.mkdir()
-    shutil.copy(ROOT / "feature_repo" / "features.py", repo / "features.py")
-    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
-    settings["project"] = project
-    settings["registry"]["path"] = f"sqlite:///{tmp / project}.db"
-    settings["platform"]["data_dir"] = str(tmp / "data")
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    return repo
+    return copy_example_repo(tmp, project, {"path": f"sqlite:///{tmp / project}.db"}, data_dir=tmp / "data")
 
 
 def _random_column(rng: np.random.Generator, kind: ValueType, n: int) -> pa.Array:

@@ -4,7 +4,6 @@ SDK, turned into the bbox token; a tiny model generates a valid GLB; the HTTP en
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 import socket
 import threading
 import time
@@ -18,11 +17,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 import torch
-import yaml
+
+from cli_helpers import copy_example_repo
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 # asset -> (bbox or None for NULL, category, style, age of the catalog row)
 ASSETS = {
@@ -39,14 +38,7 @@ def _repo(tmp: Path) -> Path:
     from featurectl.repo_commands import compile_repo
 
     project = f"gen_{uuid.uuid4().hex[:8]}"
-    repo = tmp / project
-    repo.mkdir()
-    shutil.copy(ROOT / "feature_repo" / "features.py", repo / "features.py")
-    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
-    settings["project"] = project
-    settings["registry"]["path"] = f"sqlite:///{tmp / project}.db"
-    settings["platform"]["data_dir"] = str(tmp / "data")
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    repo = copy_example_repo(tmp, project, {"path": f"sqlite:///{tmp / project}.db"}, data_dir=tmp / "data")
     cfg = load_config(repo)
     FeatureStore(config=cfg.feast_repo_config()).apply(compile_repo(cfg)[1].all())
     return repo

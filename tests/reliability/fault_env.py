@@ -12,7 +12,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,9 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterator, Optional
 
-import yaml
 
-from cli_helpers import ROOT, featurectl, stop_process
+from cli_helpers import ROOT, copy_example_repo, featurectl, stop_process
 from dsl.feature_view import FeatureView
 from featurectl.config import ProjectConfig, load_config
 from featurectl.services import KafkaBroker, PostgresServer, RedisServer
@@ -125,15 +123,8 @@ def stream_repo(folder: Path, services: PrivateServices, views: tuple[str, ...])
 def example_repo(folder: Path, project: str, registry: dict, redis_port: int) -> Path:
     """The example repo's definitions under `project`, registry settings `registry` (Feast's, merged), values in
     the Redis on `redis_port`, applied."""
-    repo = folder / project
-    repo.mkdir(parents=True)
-    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
-    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
-    settings.pop("platform", None)
-    settings["project"] = project
-    settings["registry"].update(registry)
-    settings["online_store"] = {"type": "redis", "connection_string": f"127.0.0.1:{redis_port}"}
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    repo = copy_example_repo(folder, project, registry,
+                             {"type": "redis", "connection_string": f"127.0.0.1:{redis_port}"})
     applied = featurectl("--repo", str(repo), "apply")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     return repo

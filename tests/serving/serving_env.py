@@ -8,7 +8,6 @@ import json
 import datetime as dt
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,9 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional
 
-import yaml
 
-from cli_helpers import stop_process
+from cli_helpers import copy_example_repo, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,15 +48,8 @@ def make_repo(folder: Path, project: str, connection_string: str, redis_type: st
     from featurectl.config import load_config
     from featurectl.repo_commands import compile_repo
 
-    repo = folder / project
-    repo.mkdir(parents=True)
-    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
-    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
-    settings.pop("platform", None)
-    settings["project"] = project
-    settings["registry"]["path"] = f"sqlite:///{folder / project}.db"
-    settings["online_store"] = {"type": "redis", "redis_type": redis_type, "connection_string": connection_string}
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    repo = copy_example_repo(folder, project, {"path": f"sqlite:///{folder / project}.db"},
+                             {"type": "redis", "redis_type": redis_type, "connection_string": connection_string})
     cfg = load_config(repo)
     _, objects, _ = compile_repo(cfg)
     store = FeatureStore(config=cfg.feast_repo_config())

@@ -107,9 +107,10 @@ def materialize_view(client, view: FeatureView, project: str, offline_path: Path
         for batch in _scan(offline_path, view, start, end, batch_rows):
             stats.rows_read += batch.num_rows
             latest = latest_per_entity(batch, list(view.entity.join_keys))
-            rows = encode_commands(latest, view, project) if latest.num_rows else []
-            for lo in range(0, len(rows), chunk):  # small: WATCH costs Redis O(keys^2) per transaction
-                writer.send(rows.slice(lo, chunk))
+            if latest.num_rows:
+                rows = encode_commands(latest, view, project)
+                for lo in range(0, len(rows), chunk):  # small: WATCH costs Redis O(keys^2) per transaction
+                    writer.send(rows.slice(lo, chunk))
             if on_rows:
                 on_rows(batch.num_rows)
     finally:

@@ -138,19 +138,24 @@ def generate(ctx, prompt: str, asset_id: Optional[str], out: Path, seed: int, to
 @click.option("--port", default=6570, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--queue-size", type=click.IntRange(1, 100_000), default=None, help="requests waiting before 429")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 3600), default=None,
-              help="default per-request deadline in seconds")
+              help="seconds POST /generate waits for the mesh before answering 202 with a job id (a request's "
+                   "`timeout_s` overrides it, up to 10x) [default: 60]")
+@click.option("--job-timeout", "job_timeout_s", type=click.FloatRange(1, 86400), default=None,
+              help="seconds a request may wait in the queue before it is dropped unrun (overload) [default: 300]")
 @click.option("--require-api-key/--no-require-api-key", default=None,
               help="ask POST /generate and GET /jobs/ID for an API key (`featurectl keys`); default: "
                    "platform.auth.enabled in feature_store.yaml (off in the example repo)")
 @_model_options
 @click.pass_obj
 def generate_server(ctx, host: str, port: int, queue_size: Optional[int], timeout_s: Optional[float],
-                    require_api_key: Optional[bool], config_name: str, **overrides: Any) -> None:
+                    job_timeout_s: Optional[float], require_api_key: Optional[bool], config_name: str,
+                    **overrides: Any) -> None:
     """Serve POST /generate (mesh or job id), GET /jobs/ID, /metrics, /stats over HTTP."""
     from inference.service.http_app import serve
     from serving.gateway import Gateway
 
-    cfg = service_config(config_name, queue_size=queue_size, timeout_s=timeout_s, **overrides)
+    cfg = service_config(config_name, queue_size=queue_size, timeout_s=timeout_s, job_timeout_s=job_timeout_s,
+                         **overrides)
     project = ctx.config()
     auth = project.platform.auth
     required = auth.enabled if require_api_key is None else require_api_key

@@ -26,7 +26,11 @@ class ServiceConfig:
     batch_buckets: tuple[int, ...] = (1, 8)  # the engine's CUDA-graph batch sizes; the largest bounds a batch
     max_batch_wait_ms: float = 2.0           # how long the first request of a batch waits for company
     queue_size: int = 64                     # requests waiting beyond this are refused (HTTP 429)
-    timeout_s: float = 60.0                  # default per-request deadline (queueing included)
+    timeout_s: float = 60.0                  # how long POST /generate waits for the mesh before answering 202
+                                             # with a job id, unless the body sets `timeout_s` (at most 10x this)
+    job_timeout_s: float = 300.0             # a request still queued this long after arriving is dropped unrun
+                                             # (overload: no GPU time for work nobody may wait for); the service's
+                                             # deadline, not the caller's
     mesh_workers: int = 4                    # processes for marching cubes + export
     feature_service: str = "cube3d_conditioning"
     feature_timeout_s: float = 0.05          # the SDK's Redis timeout; past it the request falls back, never fails

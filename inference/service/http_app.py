@@ -1,12 +1,17 @@
 """The generation service over HTTP, as a plain ASGI app (the feature server's style: no framework, orjson).
 
 - `POST /generate` `{"prompt": ..., "asset_id"?: ..., "seed"?: 0, "top_p"?: 0.9, "timeout_s"?: 60, "async"?: false}`
-  answers the mesh (`model/gltf-binary`) with `Server-Timing` per stage, or with `"async": true` a job id at once
-  (202) to poll at `GET /jobs/{id}`: 202 while queued or running, then the mesh (200) or the error.
+  answers the mesh (`model/gltf-binary`) with `Server-Timing` per stage. `timeout_s` (default the service's
+  `timeout_s`) is how long the caller waits: when it passes first, the request is not failed but answered like
+  `"async": true`, with a job id (202, `Location: /jobs/{id}`, a `detail` saying why) while the mesh goes on being
+  made. Poll `GET /jobs/{id}`: 202 while queued or running, then the mesh (200) or the error.
 - `GET /health`, `GET /ready` (models loaded), `GET /metrics` (Prometheus: per-stage histograms and P50/P99,
   outcomes, fallbacks, batch sizes, queue depth), `GET /stats` (the same percentiles as JSON).
-- 400 for a bad body (the message names the field), 429 with `Retry-After` when the queue is full, 504 past the
-  request's deadline, 503 while the models load.
+- No client input gets a 5xx: 400 for a bad body (the message names the field), 422 for a prompt whose object has
+  no surface, 429 with `Retry-After` when the queue is full. 503 only says the server cannot take work: models
+  still loading, shutting down, or overloaded so far that a request stayed queued past the service's
+  `job_timeout_s` and was dropped unrun (`expired`, with `Retry-After`: submit again). A polled job that expired is
+  410 `expired`: that job will never run, so its URL is gone for good rather than worth retrying.
 - With API keys on (`serving.gateway`): `POST /generate` and `GET /jobs/{id}` need a key (401), the key must be
   granted the conditioning feature service (403), and each mesh spends the model's fixed count of generated shape
   tokens (512 for v0.1) from the key's per-minute budget, charged when the request is accepted and given back
@@ -27,7 +32,7 @@ import orjson
 from inference.errors import Cube3DError, MeshError
 from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
-from inference.service.service import BadRequestError, GenerationService, RequestTimeoutError, ServiceError
+from inference.service.service import BadRequestError, GenerationService, JobExpiredError, ServiceError
 from serving.api_keys import ApiKey
 from serving.asgi_body import read_body
 from serving.gateway import TOKENS, Gateway, Refusal, key_from_headers
@@ -46,7 +51,7 @@ def _error(status: int, message: str, code: str, headers: Optional[list] = None)
 
 def _failure(exc: BaseException) -> Reply:
     if isinstance(exc, ServiceError):
-        retry = [(b"retry-after", b"2")] if exc.status == 429 else []
+        retry = [(b"retry-after", b"2")] if exc.status in (429, 503) else []
         return _error(exc.status, str(exc), exc.code, retry)
     if isinstance(exc, MeshError):
         return _error(422, f"{exc}; try another prompt or seed", "empty_mesh")
@@ -63,6 +68,15 @@ def _refused(refusal: Refusal) -> Reply:
 def _consume(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _job(request_id: str, future: Future, detail: Optional[str] = None) -> Reply:
+    """202: the job is queued or running; `detail` says why the caller got a job id rather than the mesh."""
+    poll = f"/jobs/{request_id}"
+    body = {"job_id": request_id, "status": "running" if future.running() else "queued", "poll": poll}
+    if detail is not None:
+        body["detail"] = detail
+    return 202, orjson.dumps(body), JSON, [(b"location", poll.encode())]
 
 
 def _mesh(result: GenerationResult) -> Reply:
@@ -146,21 +160,22 @@ class GenerationApp:
             return _failure(exc)
         if isinstance(future, Refusal):
             return _refused(future)
+        owner = key.key_id if key is not None else None
         if wants_job:
-            self._remember(request, future, key.key_id if key is not None else None)
-            return 202, orjson.dumps({"job_id": request.id, "status": "queued", "poll": f"/jobs/{request.id}"}), \
-                JSON, []
-        timeout = self.service.deadline(request) - time.perf_counter()
+            self._remember(request, future, owner)
+            return _job(request.id, future)
+        wait_s = request.timeout_s or self.service.cfg.timeout_s
+        left = request.arrived + wait_s - time.perf_counter()
         try:
             # Shielded: a cancelled future would make the service's worker thread fail when it later settles it;
-            # what it settles after the deadline is consumed by `_consume` rather than logged as never retrieved.
+            # what it settles after the wait is consumed by `_consume` rather than logged as never retrieved.
             waiting = asyncio.wrap_future(future)
             waiting.add_done_callback(_consume)
-            result = await asyncio.wait_for(asyncio.shield(waiting), max(0.0, timeout))
-        except asyncio.TimeoutError:
-            self.service.stats.count("timeout")
-            return _failure(RequestTimeoutError(f"no mesh within the request's {self.service.timeout(request):g}s "
-                                                "timeout; retry later or with a larger `timeout_s`"))
+            result = await asyncio.wait_for(asyncio.shield(waiting), max(0.0, left))
+        except asyncio.TimeoutError:  # the caller's wait is over, not the job: it goes on, to be polled
+            self._remember(request, future, owner)
+            return _job(request.id, future, f"the mesh was not ready within {wait_s:g}s (`timeout_s`); it is still "
+                                            f"being made: poll /jobs/{request.id}")
         except Exception as exc:  # the service's own errors, mapped to their status
             return _failure(exc)
         return _mesh(result)
@@ -193,11 +208,12 @@ class GenerationApp:
         if entry is None or (key is not None and entry[2] != key.key_id):
             return _error(404, f"no job `{job_id}`: unknown, one of the {MAX_JOBS} newest jobs replaced it, or "
                                "submitted with another key", "unknown_job")
-        request, future, _ = entry
+        _, future, _ = entry
         if not future.done():
-            status = "running" if future.running() else "queued"
-            return 202, orjson.dumps({"job_id": job_id, "status": status}), JSON, []
+            return _job(job_id, future)
         exc = future.exception()
+        if isinstance(exc, JobExpiredError):  # never to run: gone; a 503's Retry-After would promise this URL a mesh
+            return _error(410, str(exc), exc.code)
         return _failure(exc) if exc is not None else _mesh(future.result())
 
     async def health(self, receive: Callable) -> Reply:

@@ -7,7 +7,7 @@ from typing import Any
 
 _ERROR = {"type": "object", "required": ["error", "code"], "properties": {
     "error": {"type": "string", "description": "what was wrong and what to do"},
-    "code": {"type": "string", "examples": ["bad_request", "queue_full", "timeout", "unknown_job"]},
+    "code": {"type": "string", "examples": ["bad_request", "queue_full", "expired", "unknown_job"]},
 }}
 _REQUEST = {
     "type": "object", "required": ["prompt"], "additionalProperties": False,
@@ -16,12 +16,15 @@ _REQUEST = {
         "asset_id": {"type": "string", "description": "condition on this asset's online features"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "description": "sample; default greedy"},
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "description": "the request's deadline"},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "description": "seconds to wait for the mesh (at most "
+                      "10x the server's `--timeout`, its default); past them the answer is a job id to poll (202)"},
         "async": {"type": "boolean", "default": False, "description": "answer a job id at once (202)"},
     },
 }
-_JOB = {"type": "object", "required": ["job_id", "status"], "properties": {
-    "job_id": {"type": "string"}, "status": {"enum": ["queued", "running"]}, "poll": {"type": "string"}}}
+_JOB = {"type": "object", "required": ["job_id", "status", "poll"], "properties": {
+    "job_id": {"type": "string"}, "status": {"enum": ["queued", "running"]}, "poll": {"type": "string"},
+    "detail": {"type": "string", "description": "why a job id rather than the mesh: `timeout_s` passed first"}}}
+_LOCATION = {"Location": {"description": "the job's poll URL", "schema": {"type": "string"}}}
 
 
 def _json(schema: Any) -> dict[str, Any]:
@@ -50,15 +53,18 @@ OPENAPI: dict[str, Any] = {
         "/generate": {"post": {
             "summary": "A mesh for the prompt (or, with `async`, a job id to poll)",
             "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/GenerateRequest"})},
-            "responses": {"200": _MESH, "202": {"description": "queued", **_json({"$ref": "#/components/schemas/Job"})},
-                          **_errors(400, 401, 403, 422, 429, 503, 504)},
+            "responses": {"200": _MESH,
+                          "202": {"description": "a job to poll: `async` asked for one, or `timeout_s` passed first",
+                                  "headers": _LOCATION, **_json({"$ref": "#/components/schemas/Job"})},
+                          **_errors(400, 401, 403, 422, 429, 503)},
         }},
         "/jobs/{job_id}": {"get": {
             "summary": "A job's mesh once done; 202 while queued or running",
             "parameters": [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {"200": _MESH,
-                          "202": {"description": "not done", **_json({"$ref": "#/components/schemas/Job"})},
-                          **_errors(401, 403, 404, 422, 504)},
+                          "202": {"description": "not done", "headers": _LOCATION,
+                                  **_json({"$ref": "#/components/schemas/Job"})},
+                          **_errors(401, 403, 404, 410, 422)},
         }},
         "/health": _get("The process is up"),
         "/ready": _get("Models loaded", 503),

@@ -8,8 +8,10 @@ One worker thread owns the GPU. It takes the oldest request, waits up to `max_ba
 share the engine call (same token choice), up to the largest batch bucket, and runs the batch: one feature fetch,
 one text encoding, one `Engine.generate`, then one occupancy grid per object. Marching cubes and the GLB export of
 an object run in a worker process (`meshing.MeshPool`) while the GPU goes on with the next object or batch. A full
-queue is refused at once (`QueueFullError`, HTTP 429); a request whose deadline passes while it waits is dropped
-before it costs GPU time (`RequestTimeoutError`).
+queue is refused at once (`QueueFullError`, HTTP 429). A request still queued `job_timeout_s` after it arrived is
+dropped before it costs GPU time (`JobExpiredError`): a service that far behind is overloaded, and the caller may be
+long gone. That deadline is the service's, not the caller's: `timeout_s` of a request only says how long an HTTP
+caller waits before it gets a job id instead (`http_app`).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ class QueueFullError(ServiceError):
     status, code = 429, "queue_full"
 
 
-class RequestTimeoutError(ServiceError, TimeoutError):
-    status, code = 504, "timeout"
+class JobExpiredError(ServiceError):
+    """Dropped unrun after `job_timeout_s` in the queue: overload, so 503 with Retry-After (a poll of the job: 410)."""
+
+    status, code = 503, "expired"  # not a TimeoutError: HTTP reads that as its own wait passing (a 202)
 
 
 class ServiceClosedError(ServiceError):
@@ -112,21 +116,9 @@ class GenerationService:
         return future
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Submit and wait (the CLI's and the benchmark's path)."""
-        future = self.submit(request)
-        try:
-            return future.result(timeout=self.deadline(request) - time.perf_counter() + 1.0)
-        except RequestTimeoutError:
-            raise
-        except TimeoutError:
-            raise RequestTimeoutError(f"no result within {self.timeout(request):g}s; retry later or with a larger "
-                                      "`timeout_s`") from None
-
-    def timeout(self, request: GenerationRequest) -> float:
-        return request.timeout_s or self.cfg.timeout_s
-
-    def deadline(self, request: GenerationRequest) -> float:
-        return request.arrived + self.timeout(request)
+        """Submit and wait for the outcome (the CLI's and the benchmark's path): the mesh, or the error that ended
+        it (`JobExpiredError` if it was still queued after `job_timeout_s`); `request.timeout_s` is HTTP's."""
+        return self.submit(request).result()
 
     def warm_up(self) -> None:
         """Capture every bucket's graphs and touch every stage once, so the first requests pay nothing extra."""
@@ -187,12 +179,13 @@ class GenerationService:
             now = time.perf_counter()
             live = []
             for request, future in batch:
-                if now > self.deadline(request):
+                waited = now - request.arrived
+                if waited > self.cfg.job_timeout_s:
                     self.stats.count("timeout")
-                    waited, limit = now - request.arrived, self.timeout(request)
-                    future.set_exception(RequestTimeoutError(
-                        f"request waited {waited:.1f}s in the queue, past its {limit:g}s timeout; retry later or "
-                        "with a larger `timeout_s`"))
+                    future.set_exception(JobExpiredError(
+                        f"request `{request.id}` waited {waited:.1f}s in the queue, past the service's "
+                        f"{self.cfg.job_timeout_s:g}s `job_timeout_s`, and was dropped unrun: the service is "
+                        "overloaded; submit it again later"))
                 elif future.set_running_or_notify_cancel():
                     live.append((request, future))
             if live:

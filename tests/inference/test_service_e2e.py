@@ -3,6 +3,7 @@ SDK, turned into the bbox token; a tiny model generates a valid GLB; the HTTP en
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import socket
 import threading
@@ -143,8 +144,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def http(service):
+@contextlib.contextmanager
+def _serving(service):
+    """The HTTP app over `service` in a thread; yields its base URL."""
     import uvicorn
 
     from inference.service.http_app import GenerationApp
@@ -158,9 +160,27 @@ def http(service):
     while not server.started:
         assert time.monotonic() < deadline, "the HTTP server did not start in 30 s"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    with _serving(service) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def expiring():
+    """A service so overloaded, by its settings, that every request outstays `job_timeout_s` in the queue."""
+    from inference.service import GenerationService, ServiceConfig
+
+    svc = GenerationService(ServiceConfig.from_name("tiny", job_timeout_s=1e-6, max_batch_wait_ms=5.0))
+    yield svc
+    svc.close()
 
 
 def _call(url: str, body: dict | None = None):
@@ -181,16 +201,34 @@ def test_http_generate_returns_the_mesh_with_stage_timings(http):
     assert {"fetch", "text", "prefill", "decode", "shape_decode", "meshing", "export", "total"} <= set(timings)
 
 
-def test_http_job_id_then_poll(http):
-    status, _, body = _call(f"{http}/generate", {"prompt": "a stone lamp", "async": True})
-    assert status == 202
-    job = orjson.loads(body)["job_id"]
+def _poll(url: str):
+    """The job's first answer other than 202 (queued or running)."""
     deadline = time.monotonic() + 30
-    while (reply := _call(f"{http}/jobs/{job}"))[0] == 202:
-        assert time.monotonic() < deadline
+    while (reply := _call(url))[0] == 202:
+        assert time.monotonic() < deadline, f"{url} still 202 after 30 s"
         time.sleep(0.05)
+    return reply
+
+
+def test_http_job_id_then_poll(http):
+    status, headers, body = _call(f"{http}/generate", {"prompt": "a stone lamp", "async": True})
+    job = orjson.loads(body)
+    assert status == 202 and job["poll"] == headers["Location"] == f"/jobs/{job['job_id']}" and "detail" not in job
+    reply = _poll(http + job["poll"])
     assert reply[0] == 200 and reply[2][:4] == b"glTF"
     assert _call(f"{http}/jobs/nope")[0] == 404
+
+
+def test_http_wait_past_timeout_s_answers_a_job_to_poll_not_an_error(http):
+    # the worker waits 5 ms for batch company before it even starts, so no mesh is ready within 1 ms
+    status, headers, body = _call(f"{http}/generate", {"prompt": "a blue vase", "timeout_s": 0.001})
+    job = orjson.loads(body)
+    assert status == 202 and headers["Content-Type"] == "application/json"
+    assert job["status"] in ("queued", "running") and job["poll"] == headers["Location"] == f"/jobs/{job['job_id']}"
+    assert "not ready within 0.001s (`timeout_s`)" in job["detail"] and job["poll"] in job["detail"]
+    status, headers, mesh = _poll(http + job["poll"])
+    assert status == 200 and headers["Content-Type"] == "model/gltf-binary" and mesh[:4] == b"glTF"
+    assert headers["X-Request-Id"] == job["job_id"]
 
 
 @pytest.mark.parametrize("body, fragment", [({"asset_id": "a"}, "`prompt` must be a non-empty string"),
@@ -224,15 +262,38 @@ def test_full_queue_is_a_clear_429_and_metrics_show_every_stage(http, service):
     assert b'cube3d_requests_total{outcome="rejected"}' in text
 
 
-def test_request_past_its_deadline_is_dropped_before_the_gpu(service):
-    from inference.service import GenerationRequest, RequestTimeoutError
+def test_a_caller_timeout_s_never_drops_a_queued_request(service):
+    from inference.service import GenerationRequest
 
     first = service.submit(GenerationRequest("a tall tree"))
-    # sampled, so it cannot join `first`'s greedy batch: it waits for that batch to finish, past its deadline
+    # sampled, so it cannot join `first`'s greedy batch: it waits for that batch, long past its own timeout_s
     late = service.submit(GenerationRequest("a small cup", top_p=0.5, timeout_s=0.001))
-    first.result()
-    with pytest.raises(RequestTimeoutError, match="past its 0.001s timeout"):
-        late.result()
+    assert first.result().faces > 0 and late.result().faces > 0
+
+
+def test_request_queued_past_job_timeout_s_is_dropped_before_the_gpu(expiring):
+    from inference.service import GenerationRequest, JobExpiredError
+
+    with pytest.raises(JobExpiredError, match=r"waited \d+\.\ds in the queue, past the service's 1e-06s "
+                                              r"`job_timeout_s`, and was dropped unrun"):
+        expiring.generate(GenerationRequest("a tall tree"))
+    summary = expiring.stats.summary()
+    assert summary["outcomes"]["timeout"] == 1 and summary["batch_sizes"] == {}     # no GPU time spent
+
+
+def test_http_expired_job_polls_as_410_and_a_waiting_caller_gets_503_retry_after(expiring):
+    with _serving(expiring) as url:
+        status, _, body = _call(f"{url}/generate", {"prompt": "a stone lamp", "async": True})
+        assert status == 202
+        status, headers, body = _poll(url + orjson.loads(body)["poll"])
+        reply = orjson.loads(body)
+        assert status == 410 and reply["code"] == "expired" and "submit it again" in reply["error"]
+        assert "Retry-After" not in headers                     # this job never runs: polling again cannot help
+
+        status, headers, body = _call(f"{url}/generate", {"prompt": "a stone lamp"})
+        reply = orjson.loads(body)
+        assert status == 503 and headers["Retry-After"] == "2" and reply["code"] == "expired"
+        assert "`job_timeout_s`" in reply["error"] and "overloaded" in reply["error"]
 
 
 def test_cli_generate_writes_the_glb_and_prints_the_stage_table(store_repo, tmp_path):

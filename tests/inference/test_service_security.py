@@ -160,6 +160,19 @@ def test_token_budget_429_with_retry_after_jobs_per_key_and_usage(server):
     assert [key_id, "gen", "2", str(2 * TINY_TOKENS), "1"] in [line.split() for line in shown.stdout.splitlines()]
 
 
+def test_a_job_left_by_a_passed_timeout_s_is_visible_only_to_its_key(server):
+    secret = server.keys["other"][1]
+    status, _, body = _call(server.url + "/generate", {"prompt": "a blue vase", "timeout_s": 0.001}, secret)
+    assert status == 202
+    poll = server.url + orjson.loads(body)["poll"]
+    assert _call(poll, key=server.keys["small"][1])[0] == 404 and _call(poll)[0] == 401
+    deadline = time.monotonic() + 60
+    while (reply := _call(poll, key=secret))[0] == 202:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert reply[0] == 200 and reply[2][:4] == b"glTF"
+
+
 def test_the_generation_server_binds_loopback_and_logs_no_key(server):
     listening = {c.laddr.ip for c in psutil.Process(server.pid).net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN}

@@ -5,15 +5,18 @@ and the interval is recorded on the feature view in the registry. Differences ar
 - the offline table is scanned in Arrow record batches, so memory stays flat whatever its size;
 - keys, values and the RESP bytes of every HSET are built column by column by Arrow and numpy
   (`serving.redis_columns`), never row by row in Python nor through protobuf objects;
-- chunks are written check-and-set with WATCH/MULTI/EXEC (`batch.redis_writer`), so an older row never
+- a key that does not exist yet is created whole by one RESTORE of a prebuilt hash (`batch.redis_dump`);
+  the others are written check-and-set with WATCH/MULTI/EXEC (`batch.redis_writer`), so an older row never
   overwrites a newer one, also against a concurrent streaming writer;
-- encoding and Redis round trips overlap: the writer thread sends one chunk while this one encodes the next.
+- encoding and Redis round trips overlap: two threads encode batches while the writer's threads send.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,13 +27,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from batch.redis_writer import CheckedChunkWriter, RowCommands
+from batch import redis_dump as dump
+from batch.redis_writer import CHECKED_ROWS, CheckedChunkWriter, RowCommands
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
 from serving import redis_columns as columns
 from serving import redis_layout as layout
 
 log = logging.getLogger(__name__)
+RESTORE_ROWS = 512  # rows per RESTORE round trip; the ones whose key exists go on in checked chunks
 
 
 class MaterializeError(RuntimeError):
@@ -84,40 +89,66 @@ def latest_per_entity(batch: pa.RecordBatch, keys: list[str]) -> pa.Table:
     return order.filter(pa.array(last)).drop_columns(["__row"])
 
 
-def encode_commands(table: pa.Table, view: FeatureView, project: str) -> RowCommands:
-    """Per row of `table`: its Redis key, event time, `_ts` check and whole HSET, in Feast's layout."""
+def encode_commands(table: pa.Table, view: FeatureView, project: str,
+                    listpack_limits: Optional[tuple[int, int]] = None) -> RowCommands:
+    """Per row of `table`: its Redis key, event time, `_ts` check and values in Feast's layout; with the server's
+    `listpack_limits`, also the RESTORE that creates the key when it does not exist yet."""
     encoder = layout.KeyEncoder(project, view.entity.join_keys)
     key_bulks = columns.bulk(columns.key_column(encoder, [table.column(k) for k in encoder.order]))
     millis = table.column(EVENT_TIMESTAMP).cast(pa.timestamp("ms", "UTC")).cast(pa.int64()).to_numpy()
     schema = view.output_schema()
     fields = [layout.field_name(view.name, name) for name in schema] + [layout.ts_field(view.name)]
-    values = [columns.value_column(table.column(name), kind) for name, kind in schema.items()]
-    return RowCommands(key_bulks, millis, columns.hget_commands(key_bulks, layout.ts_field(view.name)),
-                       columns.hset_commands(key_bulks, fields, [*values, columns.timestamp_column(millis)]))
+    values = [columns.value_encoding(table.column(name), kind) for name, kind in schema.items()]
+    values.append(columns.timestamp_column(millis))
+    reads = columns.hget_commands(key_bulks, layout.ts_field(view.name))
+    if listpack_limits is None:
+        return RowCommands(key_bulks, millis, reads, fields, values).with_writes()
+    restorable = dump.restorable(fields, values, *listpack_limits)
+    restores = dump.restore_commands(key_bulks, fields, values) if restorable.any() else None
+    return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable)
 
 
 def materialize_view(client, view: FeatureView, project: str, offline_path: Path, start: datetime, end: datetime,
-                     batch_rows: int = 65_536, chunk: int = 64,
+                     batch_rows: int = 16_384, encoders: int = 2,
                      on_rows: Optional[Callable[[int], None]] = None) -> MaterializeStats:
-    """Write the latest value per entity in [start, end] of one view's offline table to Redis."""
+    """Write the latest value per entity in [start, end] of one view's offline table to Redis.
+
+    `encoders` threads encode batches side by side (Arrow and numpy release the GIL) while the writer's threads
+    send; at most that many batches are in flight, so memory stays flat."""
     stats = MaterializeStats(view.name)
     started = time.perf_counter()
+    limits = dump.listpack_limits(client)
     writer = CheckedChunkWriter(client)
+
+    def encode_and_send(batch: pa.RecordBatch) -> int:
+        latest = latest_per_entity(batch, list(view.entity.join_keys))
+        if latest.num_rows:
+            rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None)
+            chunk = RESTORE_ROWS if rows.restores is not None else CHECKED_ROWS
+            for lo in range(0, len(rows), chunk):
+                writer.send(rows.slice(lo, chunk))
+        return batch.num_rows
+
+    in_flight: deque = deque()
     try:
-        for batch in _scan(offline_path, view, start, end, batch_rows):
-            stats.rows_read += batch.num_rows
-            latest = latest_per_entity(batch, list(view.entity.join_keys))
-            if latest.num_rows:
-                rows = encode_commands(latest, view, project)
-                for lo in range(0, len(rows), chunk):  # small: WATCH costs Redis O(keys^2) per transaction
-                    writer.send(rows.slice(lo, chunk))
-            if on_rows:
-                on_rows(batch.num_rows)
+        with ThreadPoolExecutor(max_workers=encoders, thread_name_prefix="materialize-encode") as pool:
+            for batch in _scan(offline_path, view, start, end, batch_rows):
+                in_flight.append(pool.submit(encode_and_send, batch))
+                while len(in_flight) >= encoders or (in_flight and in_flight[0].done()):
+                    _finished(in_flight.popleft().result(), stats, on_rows)
+            while in_flight:
+                _finished(in_flight.popleft().result(), stats, on_rows)
     finally:
         written = writer.close()
     stats.entities_written = written
     stats.skipped_older = writer.skipped_older
     stats.seconds = time.perf_counter() - started
-    log.info("materialized %s: %d rows read, %d entities written in %.2fs", view.name, stats.rows_read, written,
-             stats.seconds)
+    log.info("materialized %s: %d rows read, %d entities written (%d created by RESTORE) in %.2fs", view.name,
+             stats.rows_read, written, writer.restored, stats.seconds)
     return stats
+
+
+def _finished(rows: int, stats: MaterializeStats, on_rows: Optional[Callable[[int], None]]) -> None:
+    stats.rows_read += rows
+    if on_rows:
+        on_rows(rows)

@@ -8,6 +8,7 @@ the result's data buffer, ready for the socket. Tests check every byte against `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ _FIXED = {ValueType.FLOAT64: (0x29, "<f8"), ValueType.FLOAT32: (0x35, "<f4")}
 _VARINT = {ValueType.INT64: 0x20, ValueType.INT32: 0x18, ValueType.BOOL: 0x38, ValueType.TIMESTAMP: 0x40}
 
 
-def _binary(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
+def binary_rows(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
     """Row i of a uint8 matrix, cut to lengths[i] bytes, as one binary value per row."""
     keep = np.arange(matrix.shape[1]) < lengths[:, None]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
@@ -52,8 +53,21 @@ def _null_mask(column: pa.Array) -> np.ndarray | None:
     return column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
 
 
-def value_column(column: pa.Array, kind: ValueType) -> pa.BinaryArray:
-    """Serialized feast.types.Value per row; NULL (and NaN for floats) is the empty string, as Feast writes."""
+@dataclass(frozen=True)
+class BoundedValues:
+    """Serialized values of bounded width: row i is `matrix[i, :lengths[i]]`. Kept as a matrix so that other
+    encodings (the DUMP payloads of `batch.redis_dump`) can place the bytes without an Arrow round trip."""
+
+    matrix: np.ndarray
+    lengths: np.ndarray
+
+    def binary(self) -> pa.BinaryArray:
+        return binary_rows(self.matrix, self.lengths)
+
+
+def value_encoding(column: pa.Array, kind: ValueType) -> BoundedValues | pa.BinaryArray:
+    """Serialized feast.types.Value per row; NULL (and NaN for floats) is the empty string, as Feast writes.
+    Numbers come as a `BoundedValues` matrix, strings (of unbounded width) as an Arrow column."""
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     nulls = _null_mask(column)
     if kind in _FIXED:
@@ -77,10 +91,16 @@ def value_column(column: pa.Array, kind: ValueType) -> pa.BinaryArray:
         sizes = pc.binary_length(raw).fill_null(0).to_numpy(zero_copy_only=False)
         prefix, prefix_lengths = _varint_matrix(sizes, 1)
         prefix[:, 0] = 0x12
-        return pc.binary_join_element_wise(_binary(prefix, prefix_lengths), raw, _EMPTY).fill_null(b"")
+        return pc.binary_join_element_wise(binary_rows(prefix, prefix_lengths), raw, _EMPTY).fill_null(b"")
     if nulls is not None:
         lengths = np.where(nulls, 0, lengths).astype(np.int32)
-    return _binary(matrix, lengths)
+    return BoundedValues(matrix, lengths)
+
+
+def value_column(column: pa.Array, kind: ValueType) -> pa.BinaryArray:
+    """`value_encoding` as an Arrow column."""
+    encoded = value_encoding(column, kind)
+    return encoded.binary() if isinstance(encoded, BoundedValues) else encoded
 
 
 def timestamp_column(epoch_ms: np.ndarray) -> pa.BinaryArray:
@@ -92,7 +112,7 @@ def timestamp_column(epoch_ms: np.ndarray) -> pa.BinaryArray:
     nano_matrix, nano_lengths = _varint_matrix(millis * 1_000_000, 1)
     nano_matrix[:, 0] = 0x10
     nano_lengths = np.where(millis != 0, nano_lengths, 0).astype(np.int32)
-    return pc.binary_join_element_wise(_binary(sec_matrix, sec_lengths), _binary(nano_matrix, nano_lengths), _EMPTY)
+    return pc.binary_join_element_wise(binary_rows(sec_matrix, sec_lengths), binary_rows(nano_matrix, nano_lengths), _EMPTY)
 
 
 def key_column(encoder: layout.KeyEncoder, columns: Sequence[pa.Array]) -> pa.BinaryArray:
@@ -108,10 +128,10 @@ def key_column(encoder: layout.KeyEncoder, columns: Sequence[pa.Array]) -> pa.Bi
         else:
             width = "<i4" if kind is ValueType.INT32 else "<i8"
             numbers = column.to_numpy(zero_copy_only=False).astype(width)
-            raw = _binary(numbers.view(np.uint8).reshape(len(numbers), -1),
+            raw = binary_rows(numbers.view(np.uint8).reshape(len(numbers), -1),
                           np.full(len(numbers), numbers.dtype.itemsize, dtype=np.int32))
             sizes = np.full(len(numbers), numbers.dtype.itemsize, dtype="<u4")
-        size_bytes = _binary(sizes.view(np.uint8).reshape(len(sizes), 4), np.full(len(sizes), 4, dtype=np.int32))
+        size_bytes = binary_rows(sizes.view(np.uint8).reshape(len(sizes), 4), np.full(len(sizes), 4, dtype=np.int32))
         parts += [pa.scalar(type_bytes, pa.binary()), size_bytes, raw]
     parts += [pa.scalar(encoder.suffix, pa.binary()), _EMPTY]
     return pc.binary_join_element_wise(*parts)

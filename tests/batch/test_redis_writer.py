@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 import redis
 
+from batch import redis_dump as dump
 from batch.redis_writer import CheckedChunkWriter, RedisWriteError, RowCommands, _Channel
 from dsl.types import ValueType
 from serving import redis_columns as columns
@@ -29,13 +30,17 @@ def client(local_services):
         client.delete(key)
 
 
-def _chunk(project: str, ids: list[str], scores: list[int], millis: list[int]):
+def _chunk(project: str, ids: list[str], scores: list[int], millis: list[int], restore: bool = False):
     encoder = layout.KeyEncoder(project, {"asset_id": ValueType.STRING})
     key_bulks = columns.bulk(columns.key_column(encoder, [pa.array(ids)]))
     ms = np.array(millis, dtype=np.int64)
-    writes = columns.hset_commands(key_bulks, [FIELD, TS], [columns.value_column(pa.array(scores), ValueType.INT64),
-                                                            columns.timestamp_column(ms)])
-    return RowCommands(key_bulks, ms, columns.hget_commands(key_bulks, TS), writes)
+    fields = [FIELD, TS]
+    values = [columns.value_encoding(pa.array(scores), ValueType.INT64), columns.timestamp_column(ms)]
+    reads = columns.hget_commands(key_bulks, TS)
+    if not restore:
+        return RowCommands(key_bulks, ms, reads, fields, values)
+    return RowCommands(key_bulks, ms, reads, fields, values, dump.restore_commands(key_bulks, fields, values),
+                       dump.restorable(fields, values, 64, 128))
 
 
 def _scores(client, project: str, ids: list[str]) -> list:
@@ -70,8 +75,8 @@ class _InterruptedChannel(_Channel):
         super().__init__(conn)
         self.other, self.key, self.interrupted = other, key, False
 
-    def round_trip(self, payload: list, replies: int) -> list:
-        out = super().round_trip(payload, replies)
+    def round_trip(self, payload: list, replies: int, refusals: bool = False) -> list:
+        out = super().round_trip(payload, replies, refusals)
         if not self.interrupted and b"\r\nWATCH\r\n" in payload[0]:
             self.interrupted = True
             self.other.hset(self.key, mapping={FIELD: layout.encode_value(999, ValueType.INT64),
@@ -123,3 +128,37 @@ def test_a_redis_error_reply_is_reported_with_its_reason(client):
     writer.send(_chunk(project, ["s"], [1], [10_000]))
     with pytest.raises(RedisWriteError, match="WRONGTYPE"):
         writer.close()
+
+
+def test_new_keys_are_created_by_restore_and_existing_ones_are_checked(client):
+    client, project = client
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.send(_chunk(project, ["old", "new"], [1, 2], [5_000, 50_000]))
+    assert writer.close() == 2
+    ids = ["old", "new", *(f"n{i}" for i in range(100))]
+    writer = CheckedChunkWriter(client, connections=2)
+    writer.send(_chunk(project, ids, list(range(102)), [10_000] * 102, restore=True))
+    assert writer.close() == 101
+    assert (writer.restored, writer.skipped_older) == (100, 1)
+    assert _scores(client, project, ids) == [0, 2, *range(2, 102)], "older rows overwrite, newer ones stay"
+    twin = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["twin"])
+    client.hset(twin, mapping={FIELD: layout.encode_value(5, ValueType.INT64), TS: layout.encode_timestamp(10_000)})
+    restored = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["n3"])
+    assert client.dump(restored) == client.dump(twin), "a restored hash is the one HSET makes, byte for byte"
+
+
+def test_a_refused_restore_turns_restores_off_and_every_row_is_still_written(client):
+    client, project = client
+    user = f"no_restore_{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-restore"])
+    try:
+        limited = redis.Redis(**{**client.connection_pool.connection_kwargs, "username": user, "password": "pw"})
+        ids = [f"r{i}" for i in range(10)]
+        writer = CheckedChunkWriter(limited, connections=1)
+        writer.send(_chunk(project, ids, list(range(10)), [10_000] * 10, restore=True))
+        assert writer.close() == 10
+        assert writer.restored == 0 and "NOPERM" in writer.restore_refused
+        assert not writer.wants_restores()
+        assert _scores(client, project, ids) == list(range(10))
+    finally:
+        client.acl_deluser(user)

@@ -250,11 +250,10 @@ def _materialize_one(client, project: str, asset_id: str, category: str) -> None
                                            [pa.array([asset_id])]))
     millis = np.array([int(time.time() * 1000)])
     ts_field = layout.ts_field("asset_attributes")
-    writes = columns.hset_commands(keys, [layout.field_name("asset_attributes", "category"), ts_field],
-                                   [columns.value_column(pa.array([category]), ValueType.STRING),
-                                    columns.timestamp_column(millis)])
+    fields = [layout.field_name("asset_attributes", "category"), ts_field]
+    values = [columns.value_column(pa.array([category]), ValueType.STRING), columns.timestamp_column(millis)]
     writer = CheckedChunkWriter(client, connections=1)
-    writer.send(RowCommands(keys, millis, columns.hget_commands(keys, ts_field), writes))
+    writer.send(RowCommands(keys, millis, columns.hget_commands(keys, ts_field), fields, values))
     assert writer.close() == 1
 
 

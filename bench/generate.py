@@ -8,8 +8,9 @@ dense occupancy (every grid point), and Feast's own `get_online_features` for th
   real local Redis (`featurectl services up`); every request names an asset, so the fetch is measured inside
   requests, through the serving SDK.
 - GPU (the default with CUDA): v0.1 shapes with random weights in bf16 and a random CLIP ViT-L/14-sized text
-  tower. Without a Redis there (`--no-store`), the fetch figures come from a CPU run's line (`--fetch-from`),
-  and `params.fetch` says so.
+  tower. The device image has no redis-server: carry one and start it on the port the repo's
+  `feature_store.yaml` names (docs/generation.md says how), or pass `--no-store` and take the fetch figures from a
+  CPU run's line (`--fetch-from`); `params.fetch` says which.
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@ Triton's interpreter, `TRITON_INTERPRET=1`).
 On Hopper and later every kernel is launched with programmatic dependent launch (PDL): it is scheduled while the
 previous kernel still runs and waits (`griddepcontrol.wait`) at its top, then lets the next one launch, so the
 launch and the program setup overlap the previous kernel. The decode step is a chain of about 200 short kernels,
-and that latency, not the bytes, was much of the gap to the bandwidth floor. Every kernel waits before any other
-memory access (the position alone is read earlier: it moves only between steps), so none overtakes one it depends
-on, directly or through the chain. (Loading the first weight block, or prefetching the weights to L2, before the
-wait was measured slower on an H200.)
+and that latency, not the bytes, was much of the gap to the bandwidth floor. Every kernel waits before any memory
+access that a kernel of the step writes, so none overtakes one it depends on, directly or through the chain. Before
+the wait a kernel reads only what no kernel of the step writes (`EARLY_LOADS`): the position, constants, and in the
+one-prompt attention the cached keys and values of earlier tokens, whose DRAM latency then overlaps the q/k/v GEMM
+(3% of the step on an H200). (Loading the first weight block, or prefetching the weights to L2, before the wait was
+measured slower.)
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ PDL = True                # programmatic dependent launch where the device suppo
 # with guidance); with more rows, every split program recomputing q cost more than the kernel it saves (H200)
 FUSE_QK_ROWS = 2
 FUSE_PICK = True          # greedy steps: guidance + argmax inside the lm_head GEMM, one small kernel picks the id
+# load before the PDL wait what no kernel of the step writes: constants (biases, norm weights, RoPE tables, the
+# guidance weight) and, in the one-prompt attention, the keys and values earlier steps wrote. False: the same
+# loads issued first after the wait, measured slower than both (more registers, the same wait)
+EARLY_LOADS = True
 
 
 @triton.jit
@@ -111,7 +117,7 @@ def _gemv_block(x_ptr, w, w2, acc, acc2, rows, mrow, k0, K, H, NS, EPILOGUE: tl.
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-                 ATTN_X: tl.constexpr, PDL: tl.constexpr):
+                 ATTN_X: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     # skinny GEMM for decode (M <= 16 rows): y[M, BLOCK_N] = x[M, K] @ W[cols, K]^T, one column block per
     # program, the whole K in the program (N % BLOCK_N == 0, K % BLOCK_K == 0). Epilogues:
     #   PLAIN:    out[M, N] = y
@@ -120,12 +126,19 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
     #             (qk-norm/RoPE, residual + LayerNorm) adds the splits up, in a fixed order (deterministic)
     # ATTN_X: x is split-K attention's partials [M*H, NS, BLOCK_K + 2] (acc, max, sum; BLOCK_K == head dim), and
     # each K block (one head) of x is the merge of its NS splits: the attention's combine step, done on load.
+    # The SwiGLU biases are loaded first (EARLY: before the PDL wait; no kernel writes them).
     pid = tl.program_id(0)
     ksp = tl.program_id(1)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     mrow = rows < M
-    _wait_previous(PDL)
+    if not EARLY:
+        _wait_previous(PDL)
+    if EPILOGUE == 2:
+        bg = tl.load(b_ptr + cols).to(tl.float32)[None, :]
+        bu = tl.load(b_ptr + N + cols).to(tl.float32)[None, :]
+    if EARLY:
+        _wait_previous(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(ksp * K_SPLIT, (ksp + 1) * K_SPLIT, BLOCK_K):
@@ -140,8 +153,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
     if EPILOGUE == 0 or EPILOGUE == 3:
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mrow[:, None])
     else:
-        g = acc + tl.load(b_ptr + cols).to(tl.float32)[None, :]
-        u = acc2 + tl.load(b_ptr + N + cols).to(tl.float32)[None, :]
+        g = acc + bg
+        u = acc2 + bu
         tl.store(dst, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=mrow[:, None])
 
 
@@ -260,19 +273,21 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, 
 
 
 @triton.jit
-def _head_vec(base, idx, ms, b_ptr):
-    # one head's slice of q, k or v: the sum of the split-K parts ([S_PAD, 1] pointers) at `idx`, plus the bias
-    return tl.sum(tl.load(base + idx[None, :], mask=ms, other=0.0), axis=0) + tl.load(b_ptr + idx).to(tl.float32)
+def _head_consts(b_ptr, w_ptr, d):
+    # one head's bias and norm weight at d and at d ^ 1 (its RoPE partners), float32
+    return (tl.load(b_ptr + d).to(tl.float32), tl.load(b_ptr + (d ^ 1)).to(tl.float32),
+            tl.load(w_ptr + d).to(tl.float32), tl.load(w_ptr + (d ^ 1)).to(tl.float32))
 
 
 @triton.jit
-def _norm_rope(base, b_ptr, w_ptr, cos, sin, d, ms, eps, HEAD_DIM: tl.constexpr):
-    # RMSNorm of a head vector, then RoPE on adjacent pairs: out[d] = x[d] cos +- x[d ^ 1] sin (- for even d)
-    x = _head_vec(base, d, ms, b_ptr)
-    xp = _head_vec(base, d ^ 1, ms, b_ptr)
+def _norm_rope(xa, xb, ba, bb, wa, wb, cos, sin, d, eps, HEAD_DIM: tl.constexpr):
+    # a head vector from its split-K parts loaded at d (xa) and d ^ 1 (xb), [S_PAD, d], plus the bias; RMSNorm,
+    # then RoPE on adjacent pairs: out[d] = x[d] cos +- x[d ^ 1] sin (- for even d)
+    x = tl.sum(xa, axis=0) + ba
+    xp = tl.sum(xb, axis=0) + bb
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
-    x = x * r * tl.load(w_ptr + d).to(tl.float32)
-    xp = xp * r * tl.load(w_ptr + (d ^ 1)).to(tl.float32)
+    x = x * r * wa
+    xp = xp * r * wb
     return x * cos + tl.where(d % 2 == 0, -xp, xp) * sin
 
 
@@ -280,11 +295,13 @@ def _norm_rope(base, b_ptr, w_ptr, cos, sin, d, ms, eps, HEAD_DIM: tl.constexpr)
 def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, part_ptr, out_ptr,
                      offset, M, S, D, H, s_row, s_head, s_pos, split_len, n_splits, eps, qk_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, S_PAD: tl.constexpr, DIRECT: tl.constexpr,
-                     PDL: tl.constexpr):
+                     EARLY: tl.constexpr, PDL: tl.constexpr):
     # program (row*head, split): q from the split-K parts of [q k v] (+ bias, RMSNorm, RoPE), then online softmax
     # over the cached positions of this split. The split holding the new token's slot also computes its k and v,
     # writes them to the cache and counts them in; no other program reads that slot. DIRECT: one split, the
-    # output itself; else (acc, max, sum) for the combine kernel.
+    # output itself; else (acc, max, sum) for the combine kernel. Every load is issued before the first use: the
+    # first key/value block and the constants (EARLY: before the PDL wait, as nothing in this step writes them),
+    # then the parts the q/k/v GEMM wrote.
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     row = bh // H
@@ -293,22 +310,42 @@ def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, 
     new = pos + offset                              # the new token's cache slot
     start = sp * split_len
     end = tl.minimum(start + split_len, new)
+    own = (new >= start) & (new < start + split_len)
     d = tl.arange(0, HEAD_DIM)
     kb = k_ptr + row * s_row + head * s_head
     vb = v_ptr + row * s_row + head * s_head
-    _wait_previous(PDL)
+    if not EARLY:
+        _wait_previous(PDL)
+    k0, v0, mn0 = _kv_block(kb, vb, start, end, s_pos, d, BLOCK_N)     # slots < new: written by earlier steps
+    cos = tl.load(cos_ptr + pos * (HEAD_DIM // 2) + d // 2)
+    sin = tl.load(sin_ptr + pos * (HEAD_DIM // 2) + d // 2)
+    bqa, bqb, wqa, wqb = _head_consts(b_ptr + head * HEAD_DIM, qw_ptr, d)
+    bka, bkb, wka, wkb = _head_consts(b_ptr + D + head * HEAD_DIM, kw_ptr, d)
+    bv = tl.load(b_ptr + 2 * D + head * HEAD_DIM + d).to(tl.float32)
+    if EARLY:
+        _wait_previous(PDL)
     sp_ = tl.arange(0, S_PAD)
     base = qkv_ptr + (sp_[:, None] * M + row) * 3 * D + head * HEAD_DIM       # [S_PAD, 1]: every split at once
     ms = sp_[:, None] < S
-    cos = tl.load(cos_ptr + pos * (HEAD_DIM // 2) + d // 2)
-    sin = tl.load(sin_ptr + pos * (HEAD_DIM // 2) + d // 2)
-    q = _norm_rope(base, b_ptr + head * HEAD_DIM, qw_ptr, cos, sin, d, ms, eps, HEAD_DIM)
+    mo = ms & own                                                             # k and v: the owning split only
+    qa = tl.load(base + d[None, :], mask=ms, other=0.0)
+    qb = tl.load(base + (d ^ 1)[None, :], mask=ms, other=0.0)
+    ka = tl.load(base + D + d[None, :], mask=mo, other=0.0)
+    kp = tl.load(base + D + (d ^ 1)[None, :], mask=mo, other=0.0)
+    va = tl.load(base + 2 * D + d[None, :], mask=mo, other=0.0)
+    q = _norm_rope(qa, qb, bqa, bqb, wqa, wqb, cos, sin, d, eps, HEAD_DIM)
     q = q.to(k_ptr.dtype.element_ty).to(tl.float32) * qk_scale                # as stored; log2 domain
-    m_i, l_i, acc = _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM, BLOCK_N)
-    if (new >= start) & (new < start + split_len):
-        k_new = _norm_rope(base + D, b_ptr + D + head * HEAD_DIM, kw_ptr, cos, sin, d, ms, eps, HEAD_DIM)
-        k_new = k_new.to(k_ptr.dtype.element_ty)
-        v_new = _head_vec(base + 2 * D, d, ms, b_ptr + 2 * D + head * HEAD_DIM).to(v_ptr.dtype.element_ty)
+    m_i = tl.full([1], float("-inf"), tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    if start < end:
+        m_i, l_i, acc = _softmax_block(k0, v0, mn0, q, m_i, l_i, acc)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):                          # splits longer than one block
+        k, v, mn = _kv_block(kb, vb, n0, end, s_pos, d, BLOCK_N)
+        m_i, l_i, acc = _softmax_block(k, v, mn, q, m_i, l_i, acc)
+    if own:
+        k_new = _norm_rope(ka, kp, bka, bkb, wka, wkb, cos, sin, d, eps, HEAD_DIM).to(k_ptr.dtype.element_ty)
+        v_new = (tl.sum(va, axis=0) + bv).to(v_ptr.dtype.element_ty)
         tl.store(kb + new * s_pos + d, k_new)
         tl.store(vb + new * s_pos + d, v_new)
         sc = tl.sum(k_new.to(tl.float32) * q, axis=0)
@@ -342,16 +379,23 @@ def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, SP
 @triton.jit
 def _lm_head_best_kernel(h_ptr, w_ptr, best_ptr, arg_ptr, scale_ptr, n_total_ptr, pos_ptr, P, N, K,
                          GUIDED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         IEEE: tl.constexpr, PDL: tl.constexpr):
+                         IEEE: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     # one column block per program: logits of the conditional rows (0..P-1) and, with guidance, of the
     # unconditional rows (P..2P-1) as two dots, so row p meets row P + p in registers; guided logits
     # (1 + g) * c - g * u as `sampling.guide` computes them (logits rounded to the activation dtype first, g in
-    # float64, launched without FMA contraction); writes each prompt's block maximum and its first column
+    # float64, launched without FMA contraction); writes each prompt's block maximum and its first column. The
+    # guidance weight is read first (EARLY: before the PDL wait; only the host and the step's end change it)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     p = tl.arange(0, BLOCK_P)
     mp = p < P
-    _wait_previous(PDL)
+    if not EARLY:
+        _wait_previous(PDL)
+    if GUIDED:
+        n_total = tl.load(n_total_ptr).to(tl.float64)
+        gamma = tl.load(scale_ptr) * (n_total - tl.load(pos_ptr).to(tl.float64)) / n_total
+    if EARLY:
+        _wait_previous(PDL)
     acc_c = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -370,8 +414,6 @@ def _lm_head_best_kernel(h_ptr, w_ptr, best_ptr, arg_ptr, scale_ptr, n_total_ptr
                 acc_u = tl.dot(xu, w, acc_u)
     g = acc_c.to(h_ptr.dtype.element_ty).to(tl.float32)
     if GUIDED:
-        n_total = tl.load(n_total_ptr).to(tl.float64)
-        gamma = tl.load(scale_ptr) * (n_total - tl.load(pos_ptr).to(tl.float64)) / n_total
         u = acc_u.to(h_ptr.dtype.element_ty).to(tl.float32)
         g = (1.0 + gamma).to(tl.float32) * g - gamma.to(tl.float32) * u
     best, arg = tl.max(g, axis=1, return_indices=True, return_indices_tie_break_left=True)
@@ -458,7 +500,8 @@ def gemv_config(epilogue: int, m: int, n: int, k: int) -> tuple[int, int, int, i
 # the lm_head with guidance + argmax (`lm_head_pick`): (BLOCK_N, BLOCK_K, num_warps, num_stages)
 LM_HEAD_PICK = (64, 128, 4, 3)
 # rows <= 2 ? 2 : 16 -> (BLOCK_N, num_warps, num_stages, waves of programs over the chip); measured on an H200
-ATTN_TABLE: dict[int, tuple[int, int, int, int]] = {2: (32, 4, 2, 4), 16: (64, 4, 3, 8)}
+# (one prompt: 64 keys a block, each split one block loaded before the PDL wait: 10 splits over the dual layers)
+ATTN_TABLE: dict[int, tuple[int, int, int, int]] = {2: (64, 4, 2, 4), 16: (64, 4, 3, 8)}
 ATTN_DEFAULT = (32, 4, 2, 4)
 # merge the attention's splits inside the output projection's GEMM instead of a combine kernel: one launch less,
 # but each GEMM program re-merges its heads serially; measured 3x slower per step on an H200, so off
@@ -485,6 +528,7 @@ class TritonOps:
         self.gemv = gemv
         self.attn_block_n = None            # tests may force a small block to exercise several splits
         self.fuse_pick = FUSE_PICK
+        self.early = EARLY_LOADS
         self._ticket: Tensor | None = None  # [1] int32, the pick kernel's count of finished programs
 
     @staticmethod
@@ -526,8 +570,8 @@ class TritonOps:
         heads, n_splits = (x.n_head, x.parts.shape[1]) if attn else (1, 1)
         _gemv_kernel[(n // block_n, splits)](src, w, w if b is None else b, out, m, n, k, k // splits, heads, n_splits,
                                              EPILOGUE=epilogue, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-                                             IEEE=dtype == torch.float32, ATTN_X=attn, num_warps=warps,
-                                             num_stages=stages, **self._pdl(w.device))
+                                             IEEE=dtype == torch.float32, ATTN_X=attn, EARLY=self.early,
+                                             num_warps=warps, num_stages=stages, **self._pdl(w.device))
         return out
 
     def _merged(self, a: Tensor | AttnParts) -> Tensor:
@@ -600,8 +644,9 @@ class TritonOps:
         arg = torch.empty(prompts, n_blocks, dtype=torch.int32, device=h.device)
         _lm_head_best_kernel[(n_blocks,)](h, w, best, arg, scale, n_total, pos, prompts, n, k, GUIDED=guided,
                                           BLOCK_P=max(16, triton.next_power_of_2(prompts)), BLOCK_N=block_n,
-                                          BLOCK_K=block_k, IEEE=h.dtype == torch.float32, num_warps=warps,
-                                          num_stages=stages, enable_fp_fusion=False, **self._pdl(h.device))
+                                          BLOCK_K=block_k, IEEE=h.dtype == torch.float32, EARLY=self.early,
+                                          num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+                                          **self._pdl(h.device))
         _pick_kernel[(prompts,)](best, arg, wte, ids, x_next, pos, self._ticket, prompts, n_blocks, k, ids.stride(0),
                                  GUIDED=guided, NB_PAD=triton.next_power_of_2(n_blocks),
                                  BLOCK_D=triton.next_power_of_2(k), num_warps=4, **self._pdl(h.device))
@@ -624,7 +669,8 @@ class TritonOps:
             qkv, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, pos, kc, vc, part, out, lw.offset, rows, qkv.shape[0],
             n_head * head_dim, n_head, kc.stride(0), kc.stride(1), kc.stride(2), split_len, n_splits, eps,
             (1.0 / math.sqrt(head_dim)) * math.log2(math.e), HEAD_DIM=head_dim, BLOCK_N=block_n,
-            S_PAD=triton.next_power_of_2(qkv.shape[0]), DIRECT=direct, num_warps=warps, num_stages=stages,
+            S_PAD=triton.next_power_of_2(qkv.shape[0]), DIRECT=direct, EARLY=self.early, num_warps=warps,
+            num_stages=stages,
             **self._pdl(qkv.device))
         return out if direct else AttnParts(part, rows, n_head, head_dim, kc.dtype)
 

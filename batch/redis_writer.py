@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _UNWATCH = b"*1\r\n$7\r\nUNWATCH\r\n"
+_OK = b"+OK\r\n"
 ATTEMPTS = 20
 CHECKED_ROWS = 64  # keys per WATCH: Redis compares each watched key with the connection's others
 PROBE_EVERY = 8  # batches between RESTORE attempts once most keys were found to exist
@@ -175,6 +176,8 @@ class CheckedChunkWriter:
                     return None
                 if rows.restores is not None and self.restore_refused is None:
                     rows = self._restore(channel, rows)
+                    if rows is None:
+                        continue
                 if len(rows) > CHECKED_ROWS and rows.hsets is None:
                     rows = rows.with_writes()
                 checked.extend(rows.slice(lo, CHECKED_ROWS) for lo in range(0, len(rows), CHECKED_ROWS))
@@ -199,16 +202,22 @@ class CheckedChunkWriter:
                 stored = replies[expected + 1:]
             rows = following
 
-    def _restore(self, channel: "_Channel", rows: RowCommands) -> RowCommands:
+    def _restore(self, channel: "_Channel", rows: RowCommands) -> Optional[RowCommands]:
         """RESTORE the restorable rows; what remains (keys that existed, rows that cannot be restored) is returned
-        for the checked path. A RESTORE refused for any other reason (an ACL, a server that cannot load the
+        for the checked path, None when nothing does. A RESTORE refused for any other reason (an ACL, a server that cannot load the
         payload) turns RESTOREs off for the rest of the run; those rows are written the checked way too."""
         chosen = np.flatnonzero(rows.restorable)
         if len(chosen) == 0:
             return rows
         commands = rows.restores if len(chosen) == len(rows) else rows.restores.take(pa.array(chosen))
         replies = channel.round_trip([columns.command_bytes(commands, 0, len(commands))], len(chosen),
-                                     refusals=True)
+                                     refusals=True, all_ok=True)
+        if replies is None:  # every key created: nothing left for the checked path
+            with self._lock:
+                self.restored += len(chosen)
+                self.written += len(chosen)
+                self._found_share *= 0.5
+            return rows.take(np.flatnonzero(~rows.restorable)) if len(chosen) < len(rows) else None
         created = np.array([reply == b"OK" for reply in replies], dtype=bool)
         refused = [r for r in replies if isinstance(r, hiredis.ReplyError) and not str(r).startswith("BUSYKEY")]
         with self._lock:
@@ -283,10 +292,16 @@ class _Channel:
         self.reader = hiredis.Reader()
         self.buffer = bytearray(1 << 20)
 
-    def round_trip(self, payload: list, replies: int, refusals: bool = False) -> list:
+    def round_trip(self, payload: list, replies: int, refusals: bool = False, all_ok: bool = False) -> Optional[list]:
         """Send, then read exactly `replies` replies; a Redis error reply becomes a RedisWriteError unless
-        `refusals` asks for error replies to be returned among the others."""
+        `refusals` asks for error replies to be returned among the others. With `all_ok`, an answer that is
+        nothing but `+OK`s is known by its bytes, without parsing each reply: None then."""
         self.sock.sendall(b"".join(payload))  # one segment: Redis wakes once per round trip, not once per part
+        if all_ok:
+            received = self._receive(len(_OK) * replies)
+            if received == _OK * replies:
+                return None
+            self.reader.feed(received)
         out = []
         while len(out) < replies:
             reply = self.reader.gets()
@@ -300,3 +315,13 @@ class _Channel:
                 raise RedisWriteError(f"Redis refused a write: {reply}")
             out.append(reply)
         return out
+
+    def _receive(self, size: int) -> bytes:
+        """At least `size` bytes (more are never waited for, and nothing is left unread that came with them)."""
+        received = bytearray()
+        while len(received) < size:
+            got = self.sock.recv_into(self.buffer)
+            if not got:
+                raise ConnectionError("Redis closed the connection while materializing")
+            received += memoryview(self.buffer)[:got]
+        return bytes(received)

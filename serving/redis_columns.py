@@ -27,11 +27,13 @@ _VARINT = {ValueType.INT64: 0x20, ValueType.INT32: 0x18, ValueType.BOOL: 0x38, V
 
 def binary_rows(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
     """Row i of a uint8 matrix, cut to lengths[i] bytes, as one binary value per row."""
-    keep = np.arange(matrix.shape[1]) < lengths[:, None]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.BinaryArray.from_buffers(pa.binary(), len(lengths),
-                                       [None, pa.py_buffer(offsets), pa.py_buffer(matrix[keep])])
+    if len(lengths) and lengths.min() == matrix.shape[1]:  # full rows: the matrix is the data buffer
+        data = np.ascontiguousarray(matrix)
+    else:
+        data = matrix[np.arange(matrix.shape[1]) < lengths[:, None]]
+    return pa.BinaryArray.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _varint_matrix(values: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:

@@ -75,8 +75,8 @@ class _InterruptedChannel(_Channel):
         super().__init__(conn)
         self.other, self.key, self.interrupted = other, key, False
 
-    def round_trip(self, payload: list, replies: int, refusals: bool = False) -> list:
-        out = super().round_trip(payload, replies, refusals)
+    def round_trip(self, payload: list, replies: int, **options) -> list:
+        out = super().round_trip(payload, replies, **options)
         if not self.interrupted and b"\r\nWATCH\r\n" in payload[0]:
             self.interrupted = True
             self.other.hset(self.key, mapping={FIELD: layout.encode_value(999, ValueType.INT64),

@@ -121,6 +121,7 @@ class OpenLoop:
         self.start = 0.0
         self.last_done = 0.0
         self.closing = False
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -154,9 +155,8 @@ class OpenLoop:
             else:
                 self.queue.append(now)
         self.due = due
-        if due < self.total:
-            loop = asyncio.get_running_loop()
-            loop.call_later(max(0.001, start + due / rate - time.monotonic()), self._tick)  # 0 would spin
+        if due < self.total:  # (self.loop: asyncio.get_running_loop() costs a getpid() call on Python 3.11)
+            self.loop.call_later(max(0.001, start + due / rate - time.monotonic()), self._tick)  # 0 would spin
 
     def finish(self, conn: _Connection, ok: bool) -> None:
         if conn not in self.busy:
@@ -191,9 +191,10 @@ class OpenLoop:
             self.errors += 1
 
     async def run(self) -> dict:
+        self.loop = asyncio.get_running_loop()
         await asyncio.gather(*(self._open() for _ in range(self.connections)))
         self.start = time.monotonic() + 0.05
-        asyncio.get_running_loop().call_later(0.05, self._tick)
+        self.loop.call_later(0.05, self._tick)
         end = self.start + self.seconds + self.timeout_s + 0.5
         while time.monotonic() < end and len(self.latencies) + self.errors < self.total:
             await asyncio.sleep(0.05)

@@ -22,6 +22,7 @@ from serving.gateway import bearer
 from serving.http_app import JSON, MAX_BODY_BYTES, FeatureServer
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_TIMER_SLACK_S = 0.001  # the loop's timers fire up to a millisecond early
 
 
 def _feature_server(app: Any) -> FeatureServer:
@@ -47,7 +48,8 @@ class FeatureHttpProtocol(asyncio.Protocol):
         self.pending: deque[tuple[str, bytes, Optional[bytes], bool, Optional[str]]] = deque()
         self.busy = False
         self.closing = False
-        self.idle: Optional[asyncio.TimerHandle] = None
+        self.idle_since: Optional[float] = None  # loop time the connection went idle; None while a request runs
+        self.idle_timer: Optional[asyncio.TimerHandle] = None
         self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
         self.api_key: Optional[str] = None
 
@@ -55,13 +57,14 @@ class FeatureHttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.connections.add(self)
         self.transport = transport  # type: ignore[assignment]
-        self._wait_idle()
+        self.idle_since = self.loop.time()
+        self.idle_timer = self.loop.call_later(self.keep_alive_s, self._check_idle)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.connections.discard(self)
         self.closing = True
-        if self.idle is not None:
-            self.idle.cancel()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: close now if idle, else after the responses in progress."""
@@ -70,9 +73,7 @@ class FeatureHttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
+        self.idle_since = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -136,17 +137,24 @@ class FeatureHttpProtocol(asyncio.Protocol):
                 transport.close()  # type: ignore[union-attr]
                 break
         self.busy = False
-        self._wait_idle()
+        self.idle_since = self.loop.time()
 
     def _refuse(self, message: str) -> None:
         payload = orjson.dumps({"error": message, "code": "bad_request"})
         self.transport.write(_head(400, JSON, len(payload), True) + payload)  # type: ignore[union-attr]
         self.transport.close()  # type: ignore[union-attr]
 
-    def _wait_idle(self) -> None:
-        """Close keep-alive connections idle for `timeout_keep_alive` seconds."""
-        if not self.closing and not self.busy and self.transport is not None:
-            self.idle = self.loop.call_later(self.keep_alive_s, self.transport.close)
+    def _check_idle(self) -> None:
+        """Close the connection once idle for `timeout_keep_alive` seconds. One timer per connection, re-armed
+        when it fires, rather than one set and cancelled per request (about 3 us each on uvloop)."""
+        if self.closing:
+            return
+        now, since = self.loop.time(), self.idle_since
+        if since is not None and not self.busy and now - since >= self.keep_alive_s - _TIMER_SLACK_S:
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        wait = self.keep_alive_s if since is None or self.busy else since + self.keep_alive_s - now
+        self.idle_timer = self.loop.call_later(wait, self._check_idle)
 
 
 def _head(status: int, kind: bytes, length: int, close: bool, headers=()) -> bytes:

@@ -21,6 +21,7 @@ from serving.errors import RedisUnavailableError, ServingError
 from serving.redis_connect import RedisSettings, auth_hint
 
 PING = hiredis.pack_command((b"PING",))
+_TIMER_SLACK_S = 0.001  # the loop's timers fire up to a millisecond early
 
 
 def check_replies(replies: list, where: str) -> list:
@@ -153,20 +154,45 @@ class SyncNode:
 
 
 class _ReplyProtocol(asyncio.Protocol):
-    """Feeds replies to the requests waiting on this connection, in the order they were written."""
+    """Feeds replies to the requests waiting on this connection, in the order they were written.
 
-    def __init__(self, where: str):
+    Requests made in the same turn of the event loop go out in one write (one packet, one wake-up of Redis),
+    and one timer per connection, not one per request, fails the oldest request left unanswered `timeout_s`.
+    """
+
+    def __init__(self, where: str, loop: asyncio.AbstractEventLoop, timeout_s: float):
         self.where = where
+        self.loop = loop  # kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11
+        self.timeout_s = timeout_s
         self.reader = hiredis.Reader()
-        self.waiting: deque = deque()  # [future, count, replies]
+        self.waiting: deque = deque()  # [future, count, replies, deadline]
+        self.outbox: list[bytes] = []  # commands written at the end of this turn of the loop
         self.transport: Optional[asyncio.Transport] = None
         self.lost = False
+        self.watchdog: Optional[asyncio.TimerHandle] = None  # armed for the oldest unanswered request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def request(self, commands: list[bytes]) -> asyncio.Future:
+        """The future of the replies to `commands`."""
+        future = self.loop.create_future()
+        deadline = self.loop.time() + self.timeout_s
+        self.waiting.append([future, len(commands), [], deadline])
+        if not self.outbox:
+            self.loop.call_soon(self._flush)
+        self.outbox += commands
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_at(deadline, self._watch)
+        return future
+
+    def _flush(self) -> None:
+        commands, self.outbox = self.outbox, []
+        if not self.transport.is_closing():  # type: ignore[union-attr]  # else connection_lost fails the waiters
+            self.transport.write(b"".join(commands))  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
         reader, waiting = self.reader, self.waiting
@@ -183,8 +209,27 @@ class _ReplyProtocol(asyncio.Protocol):
             if not entry[0].done():
                 entry[0].set_result(replies)
 
+    def _watch(self) -> None:
+        """Replies come in order, so only the oldest unanswered request can be overdue; when it is not, sleep
+        until its deadline."""
+        self.watchdog = None
+        if self.lost:
+            return
+        for future, _, _, deadline in self.waiting:
+            if future.done():  # its caller gave up (cancelled): its reply no longer matters
+                continue
+            if deadline <= self.loop.time() + _TIMER_SLACK_S:
+                # the connection is suspect: close it, so that everyone waiting on it fails fast
+                future.set_exception(_unavailable(self.where, TimeoutError(), self.timeout_s))
+                self.transport.abort()  # type: ignore[union-attr]
+            else:
+                self.watchdog = self.loop.call_at(deadline, self._watch)
+            return
+
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self.lost = True
+        if self.watchdog is not None:
+            self.watchdog.cancel()
         error = _unavailable(self.where, exc or ConnectionResetError("connection closed by redis"), 0)
         while self.waiting:
             future = self.waiting.popleft()[0]
@@ -221,14 +266,15 @@ class AsyncNode:
         tls = {"ssl": context, "server_hostname": self.address[0]} if context is not None else {}
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ReplyProtocol(self.where), *self.address, **tls),
+                loop.create_connection(lambda: _ReplyProtocol(self.where, loop, self.settings.timeout_s),
+                                       *self.address, **tls),
                 self.settings.connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as exc:
             raise _unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
         handshake = self.settings.handshake()
         if handshake:
             try:
-                check_replies(await self._send(protocol, handshake), self.where)
+                check_replies(await protocol.request(handshake), self.where)
             except BaseException:
                 protocol.transport.close()  # type: ignore[union-attr]
                 raise
@@ -236,31 +282,13 @@ class AsyncNode:
         return protocol
 
     async def execute(self, commands: list[bytes]) -> list:
-        return await self._send(await self._connection(), commands)
+        return await (await self._connection()).request(commands)
 
     async def read(self, keys: list[bytes], commands: list[bytes]) -> list:
         return check_replies(await self.execute(commands), self.where)
 
     async def ping(self) -> None:
         check_replies(await self.execute([PING]), self.where)
-
-    async def _send(self, protocol: _ReplyProtocol, commands: list[bytes]) -> list:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        protocol.waiting.append([future, len(commands), []])
-        protocol.transport.write(b"".join(commands))  # type: ignore[union-attr]
-        timer = loop.call_later(self.settings.timeout_s, self._expire, protocol, future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-
-    def _expire(self, protocol: _ReplyProtocol, future: asyncio.Future) -> None:
-        """No reply in time: the connection is suspect, so close it; everyone waiting on it fails fast."""
-        if not future.done():
-            future.set_exception(_unavailable(self.where, TimeoutError(), self.settings.timeout_s))
-            if protocol.transport is not None:
-                protocol.transport.abort()
 
     async def close(self) -> None:
         if self._protocol is not None and self._protocol.transport is not None:

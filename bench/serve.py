@@ -13,6 +13,7 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -108,7 +109,14 @@ def _load_data(store, assets: int, seed: int) -> None:
     client.set(marker, json.dumps({"assets": assets, "loaded_s": time.time()}))
 
 
-def _time(call: Callable[[object], object], args: list) -> list[float]:
+def _time(call: Callable[[object], object], args: list, warm: int = 10) -> list[float]:
+    """Per-call latency (ms) in steady state. Both sides share this process and alternate blocks, so a block
+    first collects the garbage of what ran before it (one side's allocations are never collected inside the
+    other side's calls) and makes `warm` untimed calls (the other side's block and the collection left the
+    caches cold: a cost of the alternation, not of either client)."""
+    gc.collect()
+    for arg in args[:warm]:
+        call(arg)
     out = []
     for arg in args:
         start = time.perf_counter_ns()

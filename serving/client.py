@@ -11,6 +11,7 @@ the line that talks to Redis differs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -28,9 +29,11 @@ _MAX_PLANS = 1024
 class _ClientCore:
     """Registry, plans and request building: everything but the I/O."""
 
-    def __init__(self, repo_config: Any, *, timeout_s: float = 1.0, refresh_s: Optional[float] = None):
+    def __init__(self, repo_config: Any, *, timeout_s: float = 1.0, refresh_s: Optional[float] = None,
+                 spin_us: float = 200):
         self.repo_config = repo_config
-        self.settings = RedisSettings.from_feast(repo_config.online_store, timeout_s)
+        self.settings = dataclasses.replace(RedisSettings.from_feast(repo_config.online_store, timeout_s),
+                                            spin_s=spin_us / 1e6)
         self.registry = CatalogRefresher(repo_config, refresh_s)
         self.registry.start()
         self._plans: dict[tuple, Plan] = {}

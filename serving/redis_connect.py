@@ -85,6 +85,7 @@ class RedisSettings:
     keyfile: Optional[str] = None
     cert_reqs: str = "required"
     check_hostname: bool = False
+    spin_s: float = 0.0002  # the sync client's busy poll for a reply before it sleeps (`redis_node._Connection`)
 
     @classmethod
     def from_feast(cls, online_store: Any, timeout_s: float = 1.0) -> "RedisSettings":

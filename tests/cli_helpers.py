@@ -1,16 +1,20 @@
 """What several suites share outside fixtures: the repo root, the CLI as a subprocess, a scratch copy of the
-example repo, stopping a server.
+example repo, a free port, one of the CLI's HTTP servers started and stopped.
 
 Tests import this module, never `conftest` (two conftest files make `import conftest` ambiguous).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, NamedTuple, Optional
 
 import yaml
 
@@ -52,3 +56,45 @@ def stop_process(process: subprocess.Popen, grace_s: float = 20) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class CliServer(NamedTuple):
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+
+@contextlib.contextmanager
+def cli_server(repo: Path, command: str, *args: str, port: Optional[int] = None, ready_path: str = "/health",
+               ready_s: float = 180, log: Optional[Path] = None, grace_s: float = 20) -> Iterator[CliServer]:
+    """`featurectl --repo REPO COMMAND --port PORT ARGS` (one of the CLI's HTTP servers) until the block ends, its
+    output in `log` (default: beside the repo); yields once `ready_path` answers 200, then stops it by its pid."""
+    port = port or free_port()
+    log = log or repo.parent / f"{command}-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), command, "--port",
+                                    str(port), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_s
+        while not _answers_ok(url + ready_path):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"featurectl {command} did not start:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield CliServer(url, process, log)
+    finally:
+        stop_process(process, grace_s)
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status == 200
+    except OSError:  # refused, not up yet, or an HTTP error status
+        return False

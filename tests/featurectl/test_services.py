@@ -12,16 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_helpers import ROOT, free_port
 from featurectl.config import ProjectConfig
 from featurectl.services.process import read_pid
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scratch_repo(tmp_path: Path, redis_port: int | None = None) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import socket
 import threading
 import time
 import urllib.error
@@ -19,7 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from cli_helpers import copy_example_repo
+from cli_helpers import copy_example_repo, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -138,12 +137,6 @@ def test_missing_stale_or_null_features_fall_back_to_the_zero_bbox(service, asse
     torch.testing.assert_close(cond[0, -1], uncond_bbox_token)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serving(service):
     """The HTTP app over `service` in a thread; yields its base URL."""
@@ -151,7 +144,7 @@ def _serving(service):
 
     from inference.service.http_app import GenerationApp
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(GenerationApp(lambda: service), host="127.0.0.1", port=port,
                                            lifespan="on", log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

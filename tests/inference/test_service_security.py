@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from cli_helpers import ROOT, featurectl, stop_process
+from cli_helpers import ROOT, cli_server, featurectl
 from featurectl.config import load_config
 from serving.api_keys import KeyStore
 
@@ -70,12 +67,6 @@ def _repo(folder: Path, redis_address: str) -> Path:
     return repo
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, local_services):
     folder = tmp_path_factory.mktemp("genkeys")
@@ -86,29 +77,10 @@ def server(tmp_path_factory, local_services):
             "other": store.create("other", ["*"], 100, 1000),
             "ranker": store.create("ranker", ["asset_ranking"], 100, 1000),
             "small": store.create("small", ["*"], 100, TINY_TOKENS - 1)}
-    http_port = _free_port()
-    log = folder / "generate-server.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), "generate-server",
-                                    "--config", "tiny", "--port", str(http_port)],
-                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http_port}"
-    try:
-        deadline = time.monotonic() + 180
-        while _ready(url) != 200:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"generate-server did not start:\n{log.read_text()}")
-            time.sleep(0.5)
-        yield Server(url, repo, log, process.pid, {n: (k.key_id, s) for n, (k, s) in made.items()})
-    finally:
-        stop_process(process, 30)
-
-
-def _ready(url: str) -> int:
-    try:
-        return _call(url + "/ready")[0]
-    except OSError:
-        return 0
+    with cli_server(repo, "generate-server", "--config", "tiny", ready_path="/ready",
+                    log=folder / "generate-server.log", grace_s=30) as running:
+        yield Server(running.url, repo, running.log, running.process.pid,
+                     {n: (k.key_id, s) for n, (k, s) in made.items()})
 
 
 def test_generate_without_a_valid_key_is_401(server):

@@ -13,8 +13,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,7 +22,8 @@ from types import ModuleType
 from typing import Iterator, Optional
 
 
-from cli_helpers import ROOT, copy_example_repo, featurectl, stop_process
+import cli_helpers
+from cli_helpers import ROOT, copy_example_repo, featurectl, free_port
 from dsl.feature_view import FeatureView
 from featurectl.config import ProjectConfig, load_config
 from featurectl.services import KafkaBroker, PostgresServer, RedisServer
@@ -42,12 +41,6 @@ def sibling(name: str, folder: str) -> ModuleType:
 
 
 stream_env = sibling("stream_env", "streaming")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 SERVICES_YAML = """\
@@ -158,23 +151,10 @@ def http(method: str, url: str, body: Optional[dict] = None, timeout: float = 5.
 
 @contextlib.contextmanager
 def cli_server(repo: Path, command: str, *args: str) -> Iterator[str]:
-    """`featurectl COMMAND --port P ARGS` (an HTTP server) on a free port until the block ends; yields its base
-    URL once /health answers."""
-    port = free_port()
-    log = repo.parent / f"{command}-{port}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), command, "--port",
-                                    str(port), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while http("GET", url + "/health")[0] != 200:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"featurectl {command} did not start:\n{log.read_text()}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        stop_process(process)
+    """`featurectl COMMAND --port P ARGS` on a free port until the block ends; yields its base URL once /health
+    answers."""
+    with cli_helpers.cli_server(repo, command, *args) as server:
+        yield server.url
 
 
 def feature_server(repo: Path, *args: str) -> contextlib.AbstractContextManager[str]:

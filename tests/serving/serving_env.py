@@ -11,7 +11,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,15 +18,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 
-from cli_helpers import copy_example_repo, stop_process
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from cli_helpers import cli_server, copy_example_repo, free_port, stop_process
 
 
 def _free_cluster_port() -> int:
@@ -132,25 +123,10 @@ def feast_rows(store, view_name: str, values: dict[str, dict], event_time: Optio
 
 @contextlib.contextmanager
 def feature_server(repo: Path, port: int, *args: str) -> Iterator[str]:
-    """`featurectl serve` on `port` until the block ends; yields its base URL once /health answers."""
-    log = repo.parent / f"server-{port}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), "serve", "--port",
-                                    str(port), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"featurectl serve did not start:\n{log.read_text()}")
-                time.sleep(0.3)
-        yield url
-    finally:
-        stop_process(process)
+    """`featurectl serve` on `port` until the block ends, its output in `server-PORT.log` beside the repo; yields
+    its base URL once /health answers."""
+    with cli_server(repo, "serve", *args, port=port, ready_s=120, log=repo.parent / f"server-{port}.log") as server:
+        yield server.url
 
 
 def post(url: str, body, path: str = "/get-online-features") -> tuple[int, dict]:

@@ -204,32 +204,30 @@ class CheckedChunkWriter:
 
     def _restore(self, channel: "_Channel", rows: RowCommands) -> Optional[RowCommands]:
         """RESTORE the restorable rows; what remains (keys that existed, rows that cannot be restored) is returned
-        for the checked path, None when nothing does. A RESTORE refused for any other reason (an ACL, a server that cannot load the
-        payload) turns RESTOREs off for the rest of the run; those rows are written the checked way too."""
+        for the checked path, None when nothing does. A RESTORE refused for any other reason (an ACL, a server
+        that cannot load the payload) turns RESTOREs off for the rest of the run; those rows are written the
+        checked way too."""
         chosen = np.flatnonzero(rows.restorable)
         if len(chosen) == 0:
             return rows
         commands = rows.restores if len(chosen) == len(rows) else rows.restores.take(pa.array(chosen))
         replies = channel.round_trip([columns.command_bytes(commands, 0, len(commands))], len(chosen),
                                      refusals=True, all_ok=True)
-        if replies is None:  # every key created: nothing left for the checked path
-            with self._lock:
-                self.restored += len(chosen)
-                self.written += len(chosen)
-                self._found_share *= 0.5
-            return rows.take(np.flatnonzero(~rows.restorable)) if len(chosen) < len(rows) else None
-        created = np.array([reply == b"OK" for reply in replies], dtype=bool)
-        refused = [r for r in replies if isinstance(r, hiredis.ReplyError) and not str(r).startswith("BUSYKEY")]
+        if replies is None:  # every key created
+            created, refused = np.ones(len(chosen), dtype=bool), []
+        else:
+            created = np.array([reply == b"OK" for reply in replies], dtype=bool)
+            refused = [r for r in replies if isinstance(r, hiredis.ReplyError) and not str(r).startswith("BUSYKEY")]
         with self._lock:
             self.restored += int(created.sum())
-            self.written += int(created.sum())
             self._found_share = 0.5 * self._found_share + 0.5 * (1 - created.mean())
             if refused and self.restore_refused is None:
                 self.restore_refused = str(refused[0])
                 log.warning("Redis refused RESTORE (%s): writing every row with HSET from now on", refused[0])
+        self._count(int(created.sum()), 0, 0)
         remaining = np.ones(len(rows), dtype=bool)
         remaining[chosen[created]] = False
-        return rows.take(np.flatnonzero(remaining))
+        return rows.take(np.flatnonzero(remaining)) if remaining.any() else None
 
     def _count(self, written: int, skipped: int, retries: int) -> None:
         with self._lock:

@@ -52,10 +52,7 @@ def crc64(parts: Sequence, sizes: np.ndarray, block_rows: int = 4096) -> np.ndar
     joined data buffer is a matrix of right-aligned rows, which is checked column by column, two bytes per step."""
     rows = len(sizes)
     width = int(sizes.max()) + int(sizes.max()) % 2 if rows else 0
-    offsets = np.zeros(rows + 1, dtype=np.int32)
-    np.cumsum(width - sizes, out=offsets[1:])
-    zeros = pa.BinaryArray.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
-                                                           pa.py_buffer(np.zeros(offsets[-1], np.uint8))])
+    zeros = columns.binary_array(width - sizes, np.zeros(rows * width - int(sizes.sum()), np.uint8))
     joined = pc.binary_join_element_wise(zeros, *parts, _EMPTY)
     matrix = np.frombuffer(joined.buffers()[2], dtype="<u2", count=rows * width // 2).reshape(rows, width // 2)
     crc = np.zeros(rows, dtype=np.uint64)
@@ -94,9 +91,7 @@ def constant_entry(value: bytes) -> bytes:
 
 
 def _one_byte_rows(values: np.ndarray) -> pa.BinaryArray:
-    offsets = np.arange(len(values) + 1, dtype=np.int32)
-    return pa.BinaryArray.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets),
-                                                                  pa.py_buffer(values.astype(np.uint8))])
+    return columns.binary_array(np.ones(len(values), dtype=np.int32), values.astype(np.uint8))
 
 
 def _sizes(values: Encoded) -> np.ndarray:

@@ -25,15 +25,18 @@ _FIXED = {ValueType.FLOAT64: (0x29, "<f8"), ValueType.FLOAT32: (0x35, "<f4")}
 _VARINT = {ValueType.INT64: 0x20, ValueType.INT32: 0x18, ValueType.BOOL: 0x38, ValueType.TIMESTAMP: 0x40}
 
 
-def binary_rows(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
-    """Row i of a uint8 matrix, cut to lengths[i] bytes, as one binary value per row."""
+def binary_array(lengths: np.ndarray, data: np.ndarray) -> pa.BinaryArray:
+    """Values of `lengths[i]` bytes lying back to back in the uint8 array `data`, without copying it."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    if len(lengths) and lengths.min() == matrix.shape[1]:  # full rows: the matrix is the data buffer
-        data = np.ascontiguousarray(matrix)
-    else:
-        data = matrix[np.arange(matrix.shape[1]) < lengths[:, None]]
     return pa.BinaryArray.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def binary_rows(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
+    """Row i of a uint8 matrix, cut to lengths[i] bytes, as one binary value per row."""
+    if len(lengths) and lengths.min() == matrix.shape[1]:  # full rows: the matrix is the data buffer
+        return binary_array(lengths, np.ascontiguousarray(matrix))
+    return binary_array(lengths, matrix[np.arange(matrix.shape[1]) < lengths[:, None]])
 
 
 def _varint_matrix(values: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +117,8 @@ def timestamp_column(epoch_ms: np.ndarray) -> pa.BinaryArray:
     nano_matrix, nano_lengths = _varint_matrix(millis * 1_000_000, 1)
     nano_matrix[:, 0] = 0x10
     nano_lengths = np.where(millis != 0, nano_lengths, 0).astype(np.int32)
-    return pc.binary_join_element_wise(binary_rows(sec_matrix, sec_lengths), binary_rows(nano_matrix, nano_lengths), _EMPTY)
+    return pc.binary_join_element_wise(binary_rows(sec_matrix, sec_lengths), binary_rows(nano_matrix, nano_lengths),
+                                       _EMPTY)
 
 
 def key_column(encoder: layout.KeyEncoder, columns: Sequence[pa.Array]) -> pa.BinaryArray:

@@ -49,8 +49,8 @@ def key_from_headers(headers) -> Optional[str]:
     found = None
     for name, value in headers:
         name = name.lower()
-        if name == b"authorization" and value[:7].lower() == b"bearer ":
-            return bearer(value)
+        if name == b"authorization" and (token := bearer(value)) is not None:
+            return token
         if name == b"x-api-key":
             found = value.strip().decode("latin-1")
     return found

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Optional
 
 import click
-import numpy as np
 import psutil
 import redis
 import yaml

@@ -9,8 +9,9 @@ service) and catalog version; the constant parts of each command are packed then
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, Callable, Optional, Sequence
 
 from dsl.types import ValueType
 from serving.catalog import Catalog, ViewSpec
@@ -32,6 +33,14 @@ class TypeBatch:
     decode: ColumnDecoder
     positions: list[int]  # in the group's field list
     names: list[str]  # output names
+    pick: Callable[[Sequence], Sequence[Any]] = field(init=False, repr=False)  # one row's values of the batch
+
+    def __post_init__(self) -> None:
+        if len(self.positions) == 1:
+            position = self.positions[0]
+            self.pick = lambda row: (row[position],)
+        else:
+            self.pick = itemgetter(*self.positions)
 
 
 @dataclass
@@ -140,16 +149,15 @@ def _group(project: str, join_keys: tuple, members: list, full_feature_names: bo
     fields: list[bytes] = []
     views = []
     for view, wanted in members:
-        batches: dict[ColumnDecoder, TypeBatch] = {}
+        by_decoder: dict[ColumnDecoder, tuple[list[int], list[str]]] = {}
         for feature in wanted:
-            decode = column_decoder(view.features[feature].kind)
-            batch = batches.setdefault(decode, TypeBatch(decode, [], []))
-            batch.positions.append(len(fields))
-            batch.names.append(f"{view.name}__{feature}" if full_feature_names else feature)
+            positions, names = by_decoder.setdefault(column_decoder(view.features[feature].kind), ([], []))
+            positions.append(len(fields))
+            names.append(f"{view.name}__{feature}" if full_feature_names else feature)
             fields.append(view.features[feature].field)
         fields.append(view.ts_field)
-        views.append(ViewRead(view, len(fields) - 1, list(batches.values()),
-                              [name for batch in batches.values() for name in batch.names]))
+        batches = [TypeBatch(decode, positions, names) for decode, (positions, names) in by_decoder.items()]
+        views.append(ViewRead(view, len(fields) - 1, batches, [name for batch in batches for name in batch.names]))
     head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
     tail = b"\r\n" + b"".join(_bulk(f) for f in fields)
     return GroupRead(KeyEncoder(project, dict(join_keys)), head, tail, views)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
+
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from dsl.types import ValueType
 from serving.errors import EntityError
@@ -16,6 +18,7 @@ from serving.plan import Plan
 from serving.result import OnlineFeatures, ViewRows, parse_timestamps
 
 EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+_STR = {str}
 _INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1)}
 
 
@@ -40,6 +43,8 @@ def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
 
 def _check_values(key: str, kind: ValueType, values: list) -> None:
     if kind is ValueType.STRING:
+        if set(map(type, values)) <= _STR:  # the usual case, checked in C
+            return
         bad = next((i for i, v in enumerate(values) if type(v) is not str), None)
     else:
         low, high = _INT_RANGE[kind]
@@ -54,12 +59,12 @@ def _check_values(key: str, kind: ValueType, values: list) -> None:
 def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType]) -> tuple[dict[str, list], int]:
     """Entity rows as columns, checked against the join keys the plan needs; returns the columns and row count."""
     columns = _as_columns(entity_rows)
-    missing = [k for k in join_keys if k not in columns]
-    if missing:
-        raise EntityError(f"entity rows lack join key(s) {', '.join(f'`{k}`' for k in missing)}, needed by the "
-                          f"requested features; pass them under `entities`")
-    extra = [k for k in columns if k not in join_keys]
-    if extra:
+    if columns.keys() != join_keys.keys():
+        missing = [k for k in join_keys if k not in columns]
+        if missing:
+            raise EntityError(f"entity rows lack join key(s) {', '.join(f'`{k}`' for k in missing)}, needed by "
+                              f"the requested features; pass them under `entities`")
+        extra = [k for k in columns if k not in join_keys]
         raise EntityError(f"unknown join key(s) {', '.join(f'`{k}`' for k in extra)}; the requested features "
                           f"join on {', '.join(f'`{k}`' for k in join_keys)}")
     lengths = {len(v) for v in columns.values()}
@@ -92,6 +97,8 @@ class PreparedRequest:
             nothing = ViewRows([], [], [])
             return OnlineFeatures(self.entities, plan.names, {name: [] for name in plan.names}, plan.kinds,
                                   {name: nothing for name in plan.names})
+        if n == 1:
+            return self._finish_row(replies)
         now_ms = time.time() * 1000
         values: dict[str, list] = {}
         rows_of: dict[str, ViewRows] = {}
@@ -113,6 +120,35 @@ class PreparedRequest:
                     values.update(zip(batch.names, columns))
                 rows_of.update(dict.fromkeys(read.names, rows))
         return OnlineFeatures(self.entities, plan.names, values, plan.kinds, rows_of)
+
+    def _finish_row(self, replies: list) -> OnlineFeatures:
+        """One entity row, the usual online request: each batch's values are picked from the row's reply in C,
+        with no transposition into columns (half the decoding time of the general path for one row)."""
+        now_ms = time.time() * 1000
+        values: dict[str, list] = {}
+        rows_of: dict[str, ViewRows] = {}
+        for group, row in zip(self.plan.groups, replies):
+            for read in group.views:
+                rows = _view_row(row[read.ts_pos], read.view.ttl_ms, now_ms)
+                if rows.missing or rows.stale:
+                    for batch in read.batches:
+                        values.update((name, [None]) for name in batch.names)
+                else:
+                    for batch in read.batches:
+                        values.update(zip(batch.names, [[v] for v in batch.decode(batch.pick(row))]))
+                rows_of.update(dict.fromkeys(read.names, rows))
+        return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of)
+
+
+def _view_row(ts_raw: Optional[bytes], ttl_ms: Optional[int], now_ms: float) -> ViewRows:
+    """`_view_rows` of a single row."""
+    if ts_raw is None:
+        return ViewRows((None,), [0], [])
+    if not ttl_ms:
+        return ViewRows((ts_raw,), [], [])
+    stamp = Timestamp.FromString(ts_raw)
+    stale = [0] if stamp.seconds * 1000 + stamp.nanos // 1_000_000 < now_ms - ttl_ms else []
+    return ViewRows((ts_raw,), [], stale, ([stamp.seconds], [stamp.nanos]))
 
 
 def _view_rows(ts_raw: Sequence, ttl_ms: int | None, now_ms: float) -> ViewRows:

@@ -90,9 +90,10 @@ def latest_per_entity(batch: pa.RecordBatch, keys: list[str]) -> pa.Table:
 
 
 def encode_commands(table: pa.Table, view: FeatureView, project: str,
-                    listpack_limits: Optional[tuple[int, int]] = None) -> RowCommands:
+                    listpack_limits: Optional[tuple[int, int]] = None, key_ttl_s: int = 0) -> RowCommands:
     """Per row of `table`: its Redis key, event time, `_ts` check and values in Feast's layout; with the server's
-    `listpack_limits`, also the RESTORE that creates the key when it does not exist yet."""
+    `listpack_limits`, also the RESTORE that creates the key when it does not exist yet. `key_ttl_s`: the expiry
+    every written key gets (Feast's `key_ttl_seconds`; 0: none)."""
     encoder = layout.KeyEncoder(project, view.entity.join_keys)
     key_bulks = columns.bulk(columns.key_column(encoder, [table.column(k) for k in encoder.order]))
     millis = table.column(EVENT_TIMESTAMP).cast(pa.timestamp("ms", "UTC")).cast(pa.int64()).to_numpy()
@@ -102,16 +103,17 @@ def encode_commands(table: pa.Table, view: FeatureView, project: str,
     values.append(columns.timestamp_column(millis))
     reads = columns.hget_commands(key_bulks, layout.ts_field(view.name))
     if listpack_limits is None:
-        return RowCommands(key_bulks, millis, reads, fields, values).with_writes()
+        return RowCommands(key_bulks, millis, reads, fields, values, key_ttl_s=key_ttl_s).with_writes()
     restorable = dump.restorable(fields, values, *listpack_limits)
-    restores = dump.restore_commands(key_bulks, fields, values) if restorable.any() else None
-    return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable)
+    restores = dump.restore_commands(key_bulks, fields, values, key_ttl_s) if restorable.any() else None
+    return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable, key_ttl_s=key_ttl_s)
 
 
 def materialize_view(client, view: FeatureView, project: str, offline_path: Path, start: datetime, end: datetime,
-                     batch_rows: int = 16_384, encoders: int = 2,
+                     batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
                      on_rows: Optional[Callable[[int], None]] = None) -> MaterializeStats:
-    """Write the latest value per entity in [start, end] of one view's offline table to Redis.
+    """Write the latest value per entity in [start, end] of one view's offline table to Redis; every key written
+    expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`).
 
     `encoders` threads encode batches side by side (Arrow and numpy release the GIL) while the writer's threads
     send; at most that many batches are in flight, so memory stays flat."""
@@ -123,7 +125,7 @@ def materialize_view(client, view: FeatureView, project: str, offline_path: Path
     def encode_and_send(batch: pa.RecordBatch) -> int:
         latest = latest_per_entity(batch, list(view.entity.join_keys))
         if latest.num_rows:
-            rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None)
+            rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None, key_ttl_s)
             chunk = RESTORE_ROWS if rows.restores is not None else CHECKED_ROWS
             for lo in range(0, len(rows), chunk):
                 writer.send(rows.slice(lo, chunk))

@@ -28,7 +28,6 @@ MIN_SERVER = (7, 0)
 _EMPTY = pa.scalar(b"", pa.binary())
 _FOOTER = bytes([0xFF, RDB_VERSION, 0])  # listpack end marker, then the RDB version (little endian)
 _RESTORE = b"*4\r\n$7\r\nRESTORE\r\n"
-_NO_TTL = b"$1\r\n0\r\n"
 Encoded = Union[columns.BoundedValues, pa.BinaryArray]
 _INTEGER = re.compile(rb"0|-?[1-9][0-9]{0,19}")  # what a listpack stores as an integer (and a few more)
 
@@ -150,10 +149,10 @@ def _entries(field: bytes, values: Encoded) -> tuple[pa.BinaryArray, np.ndarray]
     return joined, at + 2 + sizes
 
 
-def restore_commands(key_bulks: pa.BinaryArray, fields: Sequence[bytes],
-                     values: Sequence[Encoded]) -> pa.BinaryArray:
-    """One RESP `RESTORE key 0 payload` per row (keys given as `redis_columns.bulk(keys)`; no TTL, no REPLACE)
-    whose payload is the DUMP of the hash {fields[i]: values[i][row]}. Meaningful for `restorable` rows only
+def restore_commands(key_bulks: pa.BinaryArray, fields: Sequence[bytes], values: Sequence[Encoded],
+                     ttl_s: int = 0) -> pa.BinaryArray:
+    """One RESP `RESTORE key ttl payload` per row (keys given as `redis_columns.bulk(keys)`; `ttl_s` 0: none; no
+    REPLACE) whose payload is the DUMP of the hash {fields[i]: values[i][row]}. Meaningful for `restorable` rows only
     (their entries all have one-byte headers and back lengths); the others are to be ignored."""
     rows = len(key_bulks)
     entries: list = []
@@ -173,7 +172,7 @@ def restore_commands(key_bulks: pa.BinaryArray, fields: Sequence[bytes],
     smallest = int(body_sizes.min()) + 8 if rows else 0
     heads = pa.array([b"$%d\r\n" % n for n in range(smallest, int(body_sizes.max()) + 9)], pa.binary())
     return pc.binary_join_element_wise(
-        pa.scalar(_RESTORE, pa.binary()), key_bulks, pa.scalar(_NO_TTL, pa.binary()),
+        pa.scalar(_RESTORE, pa.binary()), key_bulks, columns.bulk_constant(b"%d" % (ttl_s * 1000)),
         heads.take(pa.array(body_sizes + 8 - smallest)), *body,
         columns.binary_rows(crc, np.full(rows, 8, dtype=np.int32)), pa.scalar(b"\r\n", pa.binary()), _EMPTY)
 

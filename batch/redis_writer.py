@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import hiredis
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batch.redis_dump import Encoded
 from serving import redis_columns as columns
@@ -49,7 +50,8 @@ PROBE_EVERY = 8  # batches between RESTORE attempts once most keys were found to
 class RowCommands:
     """Per row: the key as a RESP bulk string, the event time in ms, the HGET of its `_ts`, and the hash's
     values (one column per field); the HSETs when built ahead (`with_writes`). Rows marked `restorable` also
-    come as a ready `RESTORE` command."""
+    come as a ready `RESTORE` command. With `key_ttl_s` (Feast's `key_ttl_seconds`), every written key gets
+    that expiry, as Feast's writer sets it: an `EXPIRE` after each HSET, the TTL of each RESTORE."""
 
     key_bulks: pa.BinaryArray
     millis: np.ndarray
@@ -59,16 +61,25 @@ class RowCommands:
     restores: Optional[pa.BinaryArray] = None
     restorable: Optional[np.ndarray] = None
     hsets: Optional[pa.BinaryArray] = None
+    key_ttl_s: int = 0
 
     def __len__(self) -> int:
         return len(self.millis)
 
+    @property
+    def commands_per_write(self) -> int:
+        return 2 if self.key_ttl_s else 1
+
     def writes(self) -> pa.BinaryArray:
-        """The HSET of every row."""
+        """The HSET of every row, each followed by its EXPIRE when keys have a ttl."""
         if self.hsets is not None:
             return self.hsets
         values = [v.binary() if isinstance(v, columns.BoundedValues) else v for v in self.values]
-        return columns.hset_commands(self.key_bulks, self.fields, values)
+        hsets = columns.hset_commands(self.key_bulks, self.fields, values)
+        if not self.key_ttl_s:
+            return hsets
+        return pc.binary_join_element_wise(hsets, columns.expire_commands(self.key_bulks, self.key_ttl_s),
+                                           pa.scalar(b"", pa.binary()))
 
     def with_writes(self) -> "RowCommands":
         """The same rows with their HSETs built in one go (cheaper than chunk by chunk)."""
@@ -80,14 +91,14 @@ class RowCommands:
                            [_rows(v, cut) for v in self.values],
                            None if self.restores is None else self.restores.slice(lo, size),
                            None if self.restorable is None else self.restorable[cut],
-                           None if self.hsets is None else self.hsets.slice(lo, size))
+                           None if self.hsets is None else self.hsets.slice(lo, size), self.key_ttl_s)
 
     def take(self, indices: np.ndarray) -> "RowCommands":
         """These rows only, for the checked path (no RESTOREs)."""
         chosen = pa.array(indices)
         return RowCommands(self.key_bulks.take(chosen), self.millis[indices], self.reads.take(chosen), self.fields,
                            [_rows(v, indices) for v in self.values],
-                           hsets=None if self.hsets is None else self.hsets.take(chosen))
+                           hsets=None if self.hsets is None else self.hsets.take(chosen), key_ttl_s=self.key_ttl_s)
 
 
 def _rows(values: Encoded, rows) -> Encoded:
@@ -261,7 +272,7 @@ def _commit(rows: RowCommands, keep: np.ndarray) -> tuple[list, int]:
     if len(keep) == 0:
         return [_UNWATCH], 1
     body = (rows if len(keep) == len(rows) else rows.take(keep)).writes()
-    return [_MULTI, columns.command_bytes(body, 0, len(body)), _EXEC], len(body) + 2
+    return [_MULTI, columns.command_bytes(body, 0, len(body)), _EXEC], len(body) * rows.commands_per_write + 2
 
 
 def _raise_failed(exec_replies: list) -> None:

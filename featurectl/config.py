@@ -98,6 +98,14 @@ class ProjectConfig:
                                    store.get("redis_type", "redis"), timeout_s)
 
     @property
+    def key_ttl_seconds(self) -> int:
+        """Feast's `online_store.key_ttl_seconds`: every write of a key sets its expiry to this; 0 when unset."""
+        value = (self.raw.get("online_store") or {}).get("key_ttl_seconds") or 0
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"online_store.key_ttl_seconds must be a whole number of seconds >= 0, got {value!r}")
+        return value
+
+    @property
     def uses_postgres_registry(self) -> bool:
         return self.registry_url.startswith("postgresql")
 

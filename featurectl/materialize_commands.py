@@ -43,7 +43,8 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
         path = offline_table_path(cfg.data_dir, view)
         with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
             try:
-                stats = materialize_view(client, view, cfg.project, path, since, end, on_rows=bar.update)
+                stats = materialize_view(client, view, cfg.project, path, since, end, key_ttl_s=cfg.key_ttl_seconds,
+                                         on_rows=bar.update)
             except MaterializeError as exc:
                 raise click.ClickException(str(exc)) from exc
         store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)

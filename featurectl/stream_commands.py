@@ -109,7 +109,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
                                    ("mini_batch_latency_ms", mini_batch_latency)) if v is not None}
     settings = StreamSettings(parallelism=cfg.platform.flink.parallelism, **overrides)
     target = Target(cfg.project, cfg.redis_settings(), SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir),
-                    cfg.state_dir, jobmanager or cfg.platform.flink.jobmanager)
+                    cfg.state_dir, jobmanager or cfg.platform.flink.jobmanager, cfg.key_ttl_seconds)
     views, all_views = _views(cfg, names)
     stop = threading.Event()
     _stop_on_signals(stop)

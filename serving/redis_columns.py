@@ -176,6 +176,12 @@ def hget_commands(key_bulks: pa.BinaryArray, field: bytes) -> pa.BinaryArray:
                                        bulk_constant(field), _EMPTY)
 
 
+def expire_commands(key_bulks: pa.BinaryArray, seconds: int) -> pa.BinaryArray:
+    """One RESP `EXPIRE key seconds` per row (keys given as `bulk(keys)`)."""
+    return pc.binary_join_element_wise(pa.scalar(b"*3\r\n$6\r\nEXPIRE\r\n", pa.binary()), key_bulks,
+                                       bulk_constant(b"%d" % seconds), _EMPTY)
+
+
 def variadic_head(name: bytes, arguments: int) -> bytes:
     """The start of a command taking `arguments` bulk strings, e.g. `WATCH k1 k2 ...`: send the bulks after it."""
     return b"*%d\r\n$%d\r\n%s\r\n" % (arguments + 1, len(name), name)

@@ -26,9 +26,10 @@ BLOCK = 128  # entities per EVALSHA
 RETRY_S = 60.0
 
 
-# KEYS: entity keys. ARGV: n (field/value pairs per key incl. `_ts`), then per key: event time in ms, the `_ts`
-# field, the serialized Timestamp, and the n - 1 feature fields and values, alternating. A key is written only
-# when its stored `_ts` is older (or missing); the arguments go to HSET as they are, with no table building.
+# KEYS: entity keys. ARGV: n (field/value pairs per key incl. `_ts`), the key ttl in seconds (0: none), then per
+# key: event time in ms, the `_ts` field, the serialized Timestamp, and the n - 1 feature fields and values,
+# alternating. A key is written only when its stored `_ts` is older (or missing); the arguments go to HSET as they
+# are, with no table building. A written key gets the ttl as its expiry, as Feast's writer does.
 GUARDED_HSET = """
 local function pb_ms(s)
   local seconds, nanos, i = 0, 0, 1
@@ -47,11 +48,13 @@ local function pb_ms(s)
   return seconds * 1000 + math.floor(nanos / 1000000)
 end
 local width = 2 * tonumber(ARGV[1])
-local written, pos = 0, 2
+local ttl = tonumber(ARGV[2])
+local written, pos = 0, 3
 for k = 1, #KEYS do
   local stored = redis.call('HGET', KEYS[k], ARGV[pos + 1])
   if (not stored) or pb_ms(stored) <= tonumber(ARGV[pos]) then
     redis.call('HSET', KEYS[k], unpack(ARGV, pos + 1, pos + width))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
     written = written + 1
   end
   pos = pos + 1 + width
@@ -76,11 +79,13 @@ def _encode(values: list, kind: ValueType) -> list[bytes]:
 
 
 class RedisSink:
-    """Writes rows of one project; one pipelined round trip per `write`."""
+    """Writes rows of one project; one pipelined round trip per `write`. Keys expire `key_ttl_s` after their last
+    write when it is set (Feast's `online_store.key_ttl_seconds`)."""
 
-    def __init__(self, client, project: str):
+    def __init__(self, client, project: str, key_ttl_s: int = 0):
         self.client = client
         self.project = project
+        self.key_ttl_s = key_ttl_s
         self.sha = client.script_load(GUARDED_HSET)
         self._views: dict[str, tuple] = {}
 
@@ -107,7 +112,7 @@ class RedisSink:
             keys = [encoder.key([key[p] for p in positions]) for key, _ in rows[lo:lo + BLOCK]]
             args = chain.from_iterable((ts_ms, ts_field, ts_bytes, *chain.from_iterable(zip(fields, values)))
                                        for values in encoded[lo:lo + BLOCK])
-            out.append(hiredis.pack_command(("EVALSHA", self.sha, len(keys), *keys, pairs, *args)))
+            out.append(hiredis.pack_command(("EVALSHA", self.sha, len(keys), *keys, pairs, self.key_ttl_s, *args)))
         return out
 
     def send(self, commands: list[bytes]) -> int:
@@ -131,7 +136,7 @@ class RedisSink:
 
     def _send(self, commands: list[bytes]) -> int:
         pool = self.client.connection_pool
-        conn = pool.get_connection("EVALSHA")
+        conn = pool.get_connection()
         try:
             conn.send_packed_command(commands)
             return sum(conn.read_response() for _ in commands)

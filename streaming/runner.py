@@ -45,13 +45,15 @@ class StreamError(RuntimeError):
 
 @dataclass(frozen=True)
 class Target:
-    """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster."""
+    """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster;
+    `key_ttl_s` is Feast's `online_store.key_ttl_seconds` (0: keys never expire)."""
 
     project: str
     redis: RedisSettings
     source_settings: SourceSettings
     state_dir: Path
     jobmanager: Optional[str] = None
+    key_ttl_s: int = 0
 
 
 def lookback_ms(views: Sequence[FeatureView]) -> int:
@@ -162,7 +164,7 @@ class StreamRunner:
             raise StreamError(f"Redis at {host}:{port} is not answering ({exc}): run `featurectl services up`") from exc
         ensure_topics(self.plan)
         self.source_lag = SourceLag(self.plan)
-        self.writer = WindowWriter(self.plan, RedisSink(client, self.target.project), self.metrics, self.settings)
+        self.writer = WindowWriter(self.plan, RedisSink(client, self.target.project, self.target.key_ttl_s), self.metrics, self.settings)
         self.state = "catching up"
         self._write_status()
         self.writer.catch_up()

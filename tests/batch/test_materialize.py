@@ -128,6 +128,26 @@ def test_our_materializer_is_read_identically_by_feast(setup, local_services):
     _cleanup(client, project)
 
 
+def test_key_ttl_seconds_from_feature_store_yaml_expires_materialized_keys(setup, local_services):
+    tmp, view, table = setup
+    project = f"mat_ttl_{uuid.uuid4().hex[:8]}"
+    host, port = local_services.redis_host_port
+    repo = copy_example_repo(tmp, project, {"path": f"sqlite:///{tmp / project}.db"},
+                             {"type": "redis", "connection_string": f"{host}:{port}", "key_ttl_seconds": 3600},
+                             data_dir=tmp / "data")
+    _write_offline(table, offline_table_path(tmp / "data", view))
+    _apply(repo)
+    start, end = NOW - dt.timedelta(hours=20), NOW - dt.timedelta(hours=2)
+    done = featurectl("--repo", str(repo), "materialize", start.isoformat(), end.isoformat(), "--view", VIEW)
+    assert done.returncode == 0, done.stderr
+    client = redis.Redis(host, port)
+    keys = list(client.scan_iter(match=f"*{project}".encode(), count=1_000))
+    assert len(keys) == len(_expected_latest(table, start, end))
+    ttls = [client.ttl(k) for k in keys]
+    assert min(ttls) >= 3500 and max(ttls) <= 3600, (min(ttls), max(ttls))
+    _cleanup(client, project)
+
+
 def test_feast_materialize_is_read_identically_by_us(setup, local_services):
     from feast import FeatureStore
 

@@ -30,7 +30,8 @@ def client(local_services):
         client.delete(key)
 
 
-def _chunk(project: str, ids: list[str], scores: list[int], millis: list[int], restore: bool = False):
+def _chunk(project: str, ids: list[str], scores: list[int], millis: list[int], restore: bool = False,
+           key_ttl_s: int = 0):
     encoder = layout.KeyEncoder(project, {"asset_id": ValueType.STRING})
     key_bulks = columns.bulk(columns.key_column(encoder, [pa.array(ids)]))
     ms = np.array(millis, dtype=np.int64)
@@ -38,9 +39,10 @@ def _chunk(project: str, ids: list[str], scores: list[int], millis: list[int], r
     values = [columns.value_encoding(pa.array(scores), ValueType.INT64), columns.timestamp_column(ms)]
     reads = columns.hget_commands(key_bulks, TS)
     if not restore:
-        return RowCommands(key_bulks, ms, reads, fields, values)
-    return RowCommands(key_bulks, ms, reads, fields, values, dump.restore_commands(key_bulks, fields, values),
-                       dump.restorable(fields, values, 64, 128))
+        return RowCommands(key_bulks, ms, reads, fields, values, key_ttl_s=key_ttl_s)
+    return RowCommands(key_bulks, ms, reads, fields, values,
+                       dump.restore_commands(key_bulks, fields, values, key_ttl_s),
+                       dump.restorable(fields, values, 64, 128), key_ttl_s=key_ttl_s)
 
 
 def _scores(client, project: str, ids: list[str]) -> list:
@@ -162,3 +164,22 @@ def test_a_refused_restore_turns_restores_off_and_every_row_is_still_written(cli
         assert _scores(client, project, ids) == list(range(10))
     finally:
         client.acl_deluser(user)
+
+
+def test_key_ttl_is_set_on_every_key_written_as_feast_does(client):
+    """Feast's `key_ttl_seconds`: each written key (created by RESTORE or rewritten check-and-set) gets the
+    expiry; a row skipped as older leaves the key's expiry as it was."""
+    client, project = client
+    encoder = layout.KeyEncoder(project, {"asset_id": ValueType.STRING})
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.send(_chunk(project, ["kept", "older"], [1, 2], [10_000, 90_000]))
+    assert writer.close() == 2
+    assert [client.ttl(k) for k in encoder.keys([["kept", "older"]])] == [-1, -1]
+
+    writer = CheckedChunkWriter(client, connections=1)
+    writer.send(_chunk(project, ["kept", "older", "new"], [3, 4, 5], [20_000] * 3, restore=True, key_ttl_s=600))
+    assert writer.close() == 2 and writer.restored == 1 and writer.skipped_older == 1
+    kept, older, new = (client.ttl(k) for k in encoder.keys([["kept", "older", "new"]]))
+    assert 590 <= kept <= 600 and 590 <= new <= 600, "rewritten and restored keys expire after key_ttl_s"
+    assert older == -1, "a key whose stored row is newer was not written, so its expiry is unchanged"
+    assert _scores(client, project, ["kept", "older", "new"]) == [3, 2, 5]

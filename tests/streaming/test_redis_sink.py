@@ -1,0 +1,64 @@
+"""The streaming sink against the real Redis: Feast's layout, the event-time guard, and Feast's key ttl."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float64, String, Timestamp
+from dsl.compile_flink import SourceSettings, compile_view
+from dsl.types import ValueType
+from serving import redis_layout as layout
+from streaming.job_sql import with_bookkeeping
+from streaming.redis_sink import RedisSink
+from streaming.windows import ViewLayout
+
+pytestmark = pytest.mark.integration
+
+EVENTS = EventSource("orders", {"shop": String, "price": Float64, "kind": String, "ts": Timestamp},
+                     timestamp_field="ts", kafka_topic="orders", path="orders")
+VIEW = FeatureView("shop_orders", Entity("shop", join_keys={"shop": String}), EVENTS, tile="1m", ttl="1h",
+                   features=[Aggregation("sum", "price", windows=["10m"], name="revenue"),
+                             Attribute("kind", name="last_kind")])
+T = 1_767_225_600_000
+
+
+@pytest.fixture()
+def sink_env(local_services):
+    client = redis.Redis(*local_services.redis_host_port)
+    project = f"sink_{uuid.uuid4().hex[:8]}"
+    view_layout = ViewLayout(VIEW, compile_view(with_bookkeeping(VIEW), SourceSettings("x:1", Path("/"))))
+    yield client, project, view_layout
+    for key in client.scan_iter(match=f"*{project}".encode(), count=1_000):
+        client.delete(key)
+
+
+def _row(layout_: ViewLayout, shop: str, revenue: float, kind: str) -> tuple:
+    by_name = {"revenue_10m": revenue, "last_kind": kind}
+    return (shop,), [by_name[spec.name] for spec in layout_.specs]
+
+
+def test_rows_land_in_feast_layout_and_older_ones_are_refused(sink_env):
+    client, project, view_layout = sink_env
+    sink = RedisSink(client, project)
+    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 2.5, "buy")], T)) == 1
+    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 9.0, "late")], T - 60_000)) == 0
+    key = layout.KeyEncoder(project, {"shop": ValueType.STRING}).key(["s1"])
+    assert layout.decode_value(client.hget(key, layout.field_name("shop_orders", "revenue_10m"))) == 2.5
+    assert layout.decode_value(client.hget(key, layout.field_name("shop_orders", "last_kind"))) == "buy"
+    assert client.ttl(key) == -1, "without key_ttl_seconds keys never expire"
+
+
+def test_written_keys_expire_after_the_key_ttl(sink_env):
+    client, project, view_layout = sink_env
+    sink = RedisSink(client, project, key_ttl_s=300)
+    rows = [_row(view_layout, shop, 1.0, "view") for shop in ("s1", "s2")]
+    assert sink.send(sink.commands(view_layout, rows, T)) == 2
+    s1, s2 = layout.KeyEncoder(project, {"shop": ValueType.STRING}).keys([["s1", "s2"]])
+    assert 290 <= client.ttl(s1) <= 300 and 290 <= client.ttl(s2) <= 300
+    client.persist(s1)
+    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 5.0, "old")], T - 1)) == 0
+    assert client.ttl(s1) == -1, "a refused (older) row does not touch the key"

@@ -5,6 +5,7 @@ into a project of their own (kept between runs, rewritten when older than 6 h). 
 the 16 of `asset_activity` and 4 of `asset_attributes`.
 - SDK: `OnlineClient.get_features` against `FeatureStore.get_online_features(...).to_dict()`, 1 and 100 entities,
   interleaved in blocks so that both sides see the same machine.
+  First, 5,000 bare PINGs on the SDK's connection give the host's round-trip floor (`params.redis_ping_ms`).
 - HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every
   1,000 requests), sequential 1 and 100 entities, then an open-loop load of `--rate` requests/s for
   `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's.
@@ -179,10 +180,13 @@ def _load(port: int, bodies_file: Path, rate: float, seconds: float) -> dict:
 
 
 def _sdk(repo: Path, store, features: list[str], ids: list[str], requests: int, batches: int,
-         rng: np.random.Generator) -> tuple[dict, dict]:
+         rng: np.random.Generator) -> tuple[dict, dict, dict]:
+    """Both SDKs' figures, and the host's floor: a bare PING on the SDK's own connection, same minute."""
     from serving.client import OnlineClient
 
     client = OnlineClient.from_repo(repo)
+    pings = _time(lambda _: client.ping(), [None] * 5_000)
+    floor = {k: round(v, 4) for k, v in percentiles(pings).items()}
     singles = [[ids[i]] for i in rng.integers(0, len(ids), requests)]
     ours, peer = _interleaved(lambda a: client.get_features(features, {"asset_id": a}),
                               lambda a: store.get_online_features(features, [{"asset_id": a[0]}]).to_dict(),
@@ -193,7 +197,7 @@ def _sdk(repo: Path, store, features: list[str], ids: list[str], requests: int, 
                               lambda a: store.get_online_features(features, {"asset_id": a}).to_dict(),
                               hundreds, block=50)
     client.close()
-    return {**mine, **_figures("sdk_100", ours)}, {**theirs, **_figures("sdk_100", peer)}
+    return {**mine, **_figures("sdk_100", ours)}, {**theirs, **_figures("sdk_100", peer)}, floor
 
 
 def _http(repo: Path, features: list[str], ids: list[str], requests: int, batches: int, rate: float,
@@ -250,7 +254,7 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_reque
                 + [f"asset_attributes:{name}" for name in ATTRIBUTES])
     ids = [f"asset_{i:06d}" for i in range(assets)]
     rng = np.random.default_rng(seed)
-    ours, peer = _sdk(repo, store, features, ids, sdk_requests, batch_requests, rng)
+    ours, peer, floor = _sdk(repo, store, features, ids, sdk_requests, batch_requests, rng)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
         http_ours, http_peer = _http(repo, features, ids, http_requests, http_batch_requests, rate, load_seconds,
                                      workers, rng, Path(scratch))
@@ -263,4 +267,5 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_reque
                                "http_batch_requests": http_batch_requests, "load_rate": rate,
                                "load_seconds": load_seconds, "server_workers": workers, "cpus": os.cpu_count(),
                                "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                               "redis_ping_ms": floor,
                                "targets_met": met})

@@ -123,7 +123,7 @@ class PreparedRequest:
 
     def _finish_row(self, replies: list) -> OnlineFeatures:
         """One entity row, the usual online request: each batch's values are picked from the row's reply in C,
-        with no transposition into columns (half the decoding time of the general path for one row)."""
+        with no transposition into columns (warm: 14 us against the general path's 19.5 us for one row)."""
         now_ms = time.time() * 1000
         values: dict[str, list] = {}
         rows_of: dict[str, ViewRows] = {}

@@ -1,6 +1,6 @@
 """Chunks of rows -> one Redis node, each row written only if nothing newer is there, in as few commands as it takes.
 
-New keys first: a chunk's rows that can be (`batch.redis_dump`) are sent as `RESTORE key 0 payload` without
+New keys first: a chunk's rows that can be (`batch.redis_dump`) are sent as `RESTORE key ttl payload` without
 REPLACE, which creates the whole hash in one command and refuses a key that exists: that is an atomic "create if
 absent", and costs Redis a third of an HSET. The rows refused go the checked way.
 

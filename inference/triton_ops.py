@@ -670,8 +670,7 @@ class TritonOps:
             n_head * head_dim, n_head, kc.stride(0), kc.stride(1), kc.stride(2), split_len, n_splits, eps,
             (1.0 / math.sqrt(head_dim)) * math.log2(math.e), HEAD_DIM=head_dim, BLOCK_N=block_n,
             S_PAD=triton.next_power_of_2(qkv.shape[0]), DIRECT=direct, EARLY=self.early, num_warps=warps,
-            num_stages=stages,
-            **self._pdl(qkv.device))
+            num_stages=stages, **self._pdl(qkv.device))
         return out if direct else AttnParts(part, rows, n_head, head_dim, kc.dtype)
 
     def attention_output(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> Tensor:

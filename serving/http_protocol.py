@@ -20,9 +20,9 @@ import orjson
 
 from serving.gateway import bearer
 from serving.http_app import JSON, MAX_BODY_BYTES, FeatureServer
+from serving.redis_node import TIMER_SLACK_S
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_TIMER_SLACK_S = 0.001  # the loop's timers fire up to a millisecond early
 
 
 def _feature_server(app: Any) -> FeatureServer:
@@ -150,7 +150,7 @@ class FeatureHttpProtocol(asyncio.Protocol):
         if self.closing:
             return
         now, since = self.loop.time(), self.idle_since
-        if since is not None and not self.busy and now - since >= self.keep_alive_s - _TIMER_SLACK_S:
+        if since is not None and not self.busy and now - since >= self.keep_alive_s - TIMER_SLACK_S:
             self.transport.close()  # type: ignore[union-attr]
             return
         wait = self.keep_alive_s if since is None or self.busy else since + self.keep_alive_s - now

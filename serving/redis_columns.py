@@ -135,7 +135,7 @@ def key_column(encoder: layout.KeyEncoder, columns: Sequence[pa.Array]) -> pa.Bi
             width = "<i4" if kind is ValueType.INT32 else "<i8"
             numbers = column.to_numpy(zero_copy_only=False).astype(width)
             raw = binary_rows(numbers.view(np.uint8).reshape(len(numbers), -1),
-                          np.full(len(numbers), numbers.dtype.itemsize, dtype=np.int32))
+                              np.full(len(numbers), numbers.dtype.itemsize, dtype=np.int32))
             sizes = np.full(len(numbers), numbers.dtype.itemsize, dtype="<u4")
         size_bytes = binary_rows(sizes.view(np.uint8).reshape(len(sizes), 4), np.full(len(sizes), 4, dtype=np.int32))
         parts += [pa.scalar(type_bytes, pa.binary()), size_bytes, raw]

@@ -23,7 +23,7 @@ from serving.errors import RedisUnavailableError, ServingError
 from serving.redis_connect import RedisSettings, auth_hint
 
 PING = hiredis.pack_command((b"PING",))
-_TIMER_SLACK_S = 0.001  # the loop's timers fire up to a millisecond early
+TIMER_SLACK_S = 0.001  # asyncio's timers fire up to a millisecond early
 
 
 def check_replies(replies: list, where: str) -> list:
@@ -250,7 +250,7 @@ class _ReplyProtocol(asyncio.Protocol):
         for future, _, _, deadline in self.waiting:
             if future.done():  # its caller gave up (cancelled): its reply no longer matters
                 continue
-            if deadline <= self.loop.time() + _TIMER_SLACK_S:
+            if deadline <= self.loop.time() + TIMER_SLACK_S:
                 # the connection is suspect: close it, so that everyone waiting on it fails fast
                 future.set_exception(_unavailable(self.where, TimeoutError(), self.timeout_s))
                 self.transport.abort()  # type: ignore[union-attr]

@@ -131,8 +131,7 @@ class PreparedRequest:
             for read in group.views:
                 rows = _view_row(row[read.ts_pos], read.view.ttl_ms, now_ms)
                 if rows.missing or rows.stale:
-                    for batch in read.batches:
-                        values.update((name, [None]) for name in batch.names)
+                    values.update((name, [None]) for name in read.names)
                 else:
                     for batch in read.batches:
                         values.update(zip(batch.names, [[v] for v in batch.decode(batch.pick(row))]))

@@ -164,7 +164,8 @@ class StreamRunner:
             raise StreamError(f"Redis at {host}:{port} is not answering ({exc}): run `featurectl services up`") from exc
         ensure_topics(self.plan)
         self.source_lag = SourceLag(self.plan)
-        self.writer = WindowWriter(self.plan, RedisSink(client, self.target.project, self.target.key_ttl_s), self.metrics, self.settings)
+        sink = RedisSink(client, self.target.project, self.target.key_ttl_s)
+        self.writer = WindowWriter(self.plan, sink, self.metrics, self.settings)
         self.state = "catching up"
         self._write_status()
         self.writer.catch_up()

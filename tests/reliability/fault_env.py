@@ -21,7 +21,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterator, Optional
 
-
 import cli_helpers
 from cli_helpers import ROOT, copy_example_repo, featurectl, free_port
 from dsl.feature_view import FeatureView

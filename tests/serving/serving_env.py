@@ -17,7 +17,6 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional
 
-
 from cli_helpers import cli_server, copy_example_repo, free_port, stop_process
 
 

@@ -108,15 +108,16 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
         raise BackfillError("no feature views to backfill: define some, or name them with --view")
     progress = progress or _Silent()
     settings = SourceSettings(target.bootstrap_servers, target.data_dir)
-    jobs = [TileJob(v, compile_view(v, settings), TileGrid.of(v, start_ms, end_ms).origin_ms) for v in views]
-    summary = BackfillSummary(start, end, events_read=_count_events(jobs, settings, end_ms))
+    compiled = [compile_view(v, settings) for v in views]
+    jobs = [TileJob(v, c, TileGrid.of(c, start_ms, end_ms).origin_ms, end_ms) for v, c in zip(views, compiled)]
+    summary = BackfillSummary(start, end, events_read=_count_events(jobs, settings))
     offline_root = target.data_dir / "offline"
     offline_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".tiles-", dir=offline_root))
     try:
         progress.stage("flink: tiles", summary.events_read, "ev")
         env = env or create_table_env(streaming=False, parallelism=parallelism, jobmanager=jobmanager)
-        folders = export_tiles(env, jobs, end_ms, scratch)
+        folders = export_tiles(env, jobs, scratch)
         progress.advance(summary.events_read)
         for job in jobs:
             summary.views.append(_write_view(job, folders[job.view.name], start_ms, end_ms, target, progress))
@@ -127,10 +128,10 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     return summary
 
 
-def _count_events(jobs: list[TileJob], settings: SourceSettings, end_ms: int) -> int:
+def _count_events(jobs: list[TileJob], settings: SourceSettings) -> int:
     """Events the job reads: those of each source in its range (Parquet statistics and one column)."""
     total = 0
-    for source_name, (lo, hi) in source_ranges(jobs, end_ms).items():
+    for source_name, (lo, hi) in source_ranges(jobs).items():
         source = next(j.view.source for j in jobs if j.compiled.source == source_name)
         folder = source_path(source, settings.data_dir)
         if not folder.is_dir() or not any(folder.iterdir()):
@@ -149,8 +150,8 @@ def _write_view(job: TileJob, tiles_folder: Path, start_ms: int, end_ms: int, ta
     tiles = tiles if tiles is not None and tiles.num_rows else None
     progress.stage(f"windows: {view.name}", tiles.num_rows if tiles else 0, "tiles")
     path = offline_table_path(target.data_dir, view)
-    with RangeWriter(path, offline_schema(view), start_ms, end_ms) as writer:
-        for rows, chunk_tiles in offline_rows(view, job.compiled, tiles, start_ms, end_ms) if tiles else ():
+    with RangeWriter(path, offline_schema(job.compiled), start_ms, end_ms) as writer:
+        for rows, chunk_tiles in offline_rows(job.compiled, tiles, start_ms, end_ms) if tiles else ():
             writer.write(rows)
             progress.advance(chunk_tiles)
         stats = writer.commit()

@@ -18,10 +18,6 @@ import pyarrow as pa
 
 from dsl import sketch
 
-_HEADER = 3
-_SPARSE_HEADER = 5
-_ENTRY = 3
-
 
 def sketch_entries(sketches: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row, register, rank) of every non-zero register of every sketch, in row order; NULL and b"" hold none."""
@@ -29,32 +25,10 @@ def sketch_entries(sketches: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarr
     offsets = np.frombuffer(sketches.buffers()[1], dtype=np.int32, count=len(sketches) + 1,
                             offset=sketches.offset * 4).astype(np.int64)
     data = np.frombuffer(sketches.buffers()[2], dtype=np.uint8) if sketches.buffers()[2] else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    present = lengths > 0
+    present = np.ones(len(sketches), dtype=bool)
     if sketches.null_count:
-        present &= sketches.is_valid().to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(present)
-    head = starts[rows]
-    if len(rows) and ((data[head] != sketch.VERSION).any() or (data[head + 1] != sketch.P).any()):
-        raise ValueError(f"tile column holds sketches that are not featurectl HLL (version {sketch.VERSION}, "
-                         f"p {sketch.P}): re-run the backfill so that Flink rebuilds the tiles")
-    encoding = data[head + 2]
-    sparse, dense = rows[encoding == 0], rows[encoding == 1]
-    counts = (lengths[sparse] - _SPARSE_HEADER) // _ENTRY
-    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    at = np.repeat(starts[sparse] + _SPARSE_HEADER, counts) + _ENTRY * within
-    sparse_rows = np.repeat(sparse, counts)
-    sparse_registers = data[at].astype(np.int64) | data[at + 1].astype(np.int64) << 8
-    sparse_ranks = data[at + 2]
-    dense_at = (starts[dense, None] + _HEADER + np.arange(sketch.M)).ravel()
-    dense_rows = np.repeat(dense, sketch.M)
-    dense_registers = np.tile(np.arange(sketch.M), len(dense))
-    dense_ranks = data[dense_at]
-    hit = dense_ranks > 0
-    rows = np.concatenate([sparse_rows, dense_rows[hit]])
-    order = np.argsort(rows, kind="stable") if len(dense) else slice(None)
-    return (rows[order], np.concatenate([sparse_registers, dense_registers[hit]])[order],
-            np.concatenate([sparse_ranks, dense_ranks[hit]]).astype(np.int64)[order])
+        present = sketches.is_valid().to_numpy(zero_copy_only=False)
+    return sketch.many_entries(offsets, data, present)
 
 
 class TileSketches:

@@ -4,10 +4,11 @@ New keys first: a chunk's rows that can be (`batch.redis_dump`) are sent as `RES
 REPLACE, which creates the whole hash in one command and refuses a key that exists: that is an atomic "create if
 absent", and costs Redis a third of an HSET. The rows refused go the checked way.
 
-Checked, per chunk: `WATCH` the keys and `HGET` their `_ts:{view}`; drop the rows whose stored event time is newer
-than ours; `MULTI`, the remaining HSETs, `EXEC`. If anyone (a streaming writer, another materialization) writes
-one of the watched keys in between, Redis refuses the EXEC and the chunk is checked again, so an older row never
-overwrites a newer one even under concurrent writers. This is Redis's own optimistic locking, much cheaper on the
+Checked, per chunk: `WATCH` the keys and `HGET` their `_ts:{view}`; drop the rows whose stored event time is not
+older than ours (as Feast's own writer does: a stream's values at that very instant may hold more events);
+`MULTI`, the remaining HSETs, `EXEC`. If anyone (a streaming writer, another materialization) writes one of the
+watched keys in between, Redis refuses the EXEC and the chunk is checked again, so an older row never overwrites
+a newer one even under concurrent writers. This is Redis's own optimistic locking, much cheaper on the
 server than a Lua script that receives every value as an argument. Checked chunks stay small (64 keys) because
 Redis checks each WATCHed key against the connection's others; in steady state one round trip carries one
 chunk's transaction and the next chunk's check.
@@ -198,7 +199,7 @@ class CheckedChunkWriter:
         stored = channel.round_trip(_check(rows), 1 + len(rows))[1:] if rows is not None else []
         while rows is not None and not self.error:
             following = next_rows()
-            keep = _not_older(stored, rows.millis)
+            keep = _newer(stored, rows.millis)
             commit, expected = _commit(rows, keep)
             check = _check(following) if following is not None else []
             replies = channel.round_trip(commit + check, expected + (1 + len(following) if check else 0))
@@ -250,7 +251,7 @@ class CheckedChunkWriter:
         """One chunk alone, checked and written until no concurrent write interferes: (rows written, rows
         skipped as older than Redis's, attempts refused by a concurrent write)."""
         for attempt in range(ATTEMPTS):
-            keep = _not_older(channel.round_trip(_check(rows), 1 + len(rows))[1:], rows.millis)
+            keep = _newer(channel.round_trip(_check(rows), 1 + len(rows))[1:], rows.millis)
             commit, expected = _commit(rows, keep)
             replies = channel.round_trip(commit, expected)
             if len(keep) == 0 or replies[-1] is not None:
@@ -281,14 +282,15 @@ def _raise_failed(exec_replies: list) -> None:
         raise RedisWriteError(f"Redis refused {len(failed)} writes of a chunk: {failed[0]}")
 
 
-def _not_older(stored: list, millis: np.ndarray) -> np.ndarray:
-    """Rows whose stored `_ts` is missing or not newer than ours (an equal time rewrites the same values)."""
+def _newer(stored: list, millis: np.ndarray) -> np.ndarray:
+    """Rows whose stored `_ts` is missing or older than ours. An equal time is skipped, as Feast's writer skips it:
+    a streamed value at that instant counts the events at it, which a boundary's value does not."""
     present = [i for i, value in enumerate(stored) if value is not None]
     if not present:
         return np.arange(len(stored))
     keep = np.ones(len(stored), dtype=bool)
     existing = np.array([decode_timestamp_ms(stored[i]) for i in present], dtype=np.int64)
-    keep[present] = existing <= millis[present]
+    keep[present] = existing < millis[present]
     return np.flatnonzero(keep)
 
 

@@ -21,24 +21,30 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TileJob:
-    """A view, its compiled SQL, and the event-time range its tiles need."""
+    """A view, its compiled SQL, and the event-time range [history_start_ms, end_ms) its tiles need."""
 
     view: FeatureView
     compiled: CompiledView
     history_start_ms: int
+    end_ms: int
 
 
-def source_ranges(jobs: list[TileJob], end_ms: int) -> dict[str, tuple[int, int]]:
-    """Per source, the event-time range [start, end) that covers all its views (one shared scan)."""
-    starts: dict[str, int] = {}
+def source_ranges(jobs: list[TileJob]) -> dict[str, tuple[int, int]]:
+    """Per source, the event-time range [start, end) that covers all its views (one shared scan); views of one
+    source end where the source does."""
+    ranges: dict[str, tuple[int, int]] = {}
     for job in jobs:
-        starts[job.compiled.source] = min(starts.get(job.compiled.source, job.history_start_ms), job.history_start_ms)
-    return {source: (start, end_ms) for source, start in starts.items()}
+        start, end = ranges.get(job.compiled.source, (job.history_start_ms, job.end_ms))
+        if end != job.end_ms:
+            raise ValueError(f"views of source `{job.compiled.source}` end at {end} and {job.end_ms}: one scan "
+                             "serves them all, so they must end together")
+        ranges[job.compiled.source] = (min(start, job.history_start_ms), end)
+    return ranges
 
 
-def export_tiles(env, jobs: list[TileJob], end_ms: int, out_dir: Path) -> dict[str, Path]:
+def export_tiles(env, jobs: list[TileJob], out_dir: Path) -> dict[str, Path]:
     """Run all tile queries as one job; returns each view's folder of Parquet tile files."""
-    ranges = source_ranges(jobs, end_ms)
+    ranges = source_ranges(jobs)
     for statement in jobs[0].compiled.function_ddl:
         env.execute_sql(statement)
     for job in {j.compiled.source: j for j in jobs}.values():

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch.offline_table import read_range
-from batch.windows import tile_ms
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.feature_view import FeatureView
 from dsl.repo import Repository
@@ -117,7 +116,7 @@ def as_of(view: FeatureView, features: list[str], entities: pa.Table, times: np.
     if missing:
         raise TrainingSetError(f"feature view `{view.name}` is keyed by {', '.join(keys)}; the entity rows lack "
                                f"{', '.join(missing)}")
-    tile, ttl = tile_ms(view), int(view.ttl.total_seconds() * 1000)
+    tile, ttl = int(view.tile.total_seconds() * 1000), int(view.ttl.total_seconds() * 1000)
     first, stop = int(times.min()) - ttl, int(times.max()) // tile * tile + 1
     path = offline_table_path(data_dir, view)
     try:

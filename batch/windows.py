@@ -25,62 +25,17 @@ import pyarrow.compute as pc
 
 from batch.hll_windows import TileSketches
 from dsl.compile_feast import EVENT_TIMESTAMP
-from dsl.compile_flink import TILE_START, CompiledView
-from dsl.feature_view import FeatureView
-from dsl.features import Attribute
-from dsl.types import ValueType
+from dsl.compile_flink import TILE_START, CompiledView, WindowSpec
 
 OFFLINE_TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
 
 
-@dataclass(frozen=True)
-class WindowedFeature:
-    """One output feature: its op over `window` tiles, reading the tile columns named in `partials` by suffix."""
-
-    name: str
-    op: str
-    partials: dict[str, str]
-    window: int
-    kind: ValueType
-
-
-def windowed_features(view: FeatureView, compiled: CompiledView) -> list[WindowedFeature]:
-    """The view's output features in declaration order; an Attribute is `last` over the ttl."""
-    columns: dict[str, dict[str, str]] = {}
-    for column in compiled.tile_columns:
-        columns.setdefault(column.base, {})[column.partial.suffix] = column.name
-    kinds = view.output_schema()
-    out = []
-    for feature in view.features:
-        if isinstance(feature, Attribute):
-            name = feature.feature_names[0]
-            out.append(WindowedFeature(name, "last", columns[name], max(1, view.ttl // view.tile), kinds[name]))
-            continue
-        for window in feature.parsed_windows:
-            name = feature.feature_name(window)
-            out.append(WindowedFeature(name, feature.op, columns[feature.base_name], window.length // view.tile,
-                                       kinds[name]))
-    return out
-
-
-def offline_schema(view: FeatureView) -> pa.Schema:
+def offline_schema(compiled: CompiledView) -> pa.Schema:
     """Join keys, `event_timestamp` (ms, UTC), then the output features: the offline table's columns."""
-    fields = [pa.field(k, t.arrow_type()) for k, t in view.entity.join_keys.items()]
+    fields = [pa.field(k, t.arrow_type()) for k, t in zip(compiled.key_columns, compiled.key_types)]
     fields.append(pa.field(EVENT_TIMESTAMP, OFFLINE_TIMESTAMP_TYPE))
-    fields += [pa.field(name, kind.arrow_type()) for name, kind in view.output_schema().items()]
+    fields += [pa.field(w.name, w.kind.arrow_type()) for w in compiled.windows]
     return pa.schema(fields)
-
-
-def max_window_tiles(view: FeatureView) -> int:
-    """The longest window of the view in tiles (an attribute's window is the ttl)."""
-    lengths = [w.length // view.tile for a in view.aggregations for w in a.parsed_windows]
-    if view.attributes:
-        lengths.append(max(1, view.ttl // view.tile))
-    return max(lengths)
-
-
-def tile_ms(view: FeatureView) -> int:
-    return int(view.tile.total_seconds() * 1000)
 
 
 @dataclass(frozen=True)
@@ -98,8 +53,8 @@ class TileGrid:
     max_window: int
 
     @classmethod
-    def of(cls, view: FeatureView, start_ms: int, end_ms: int) -> "TileGrid":
-        tile, longest = tile_ms(view), max_window_tiles(view)
+    def of(cls, compiled: CompiledView, start_ms: int, end_ms: int) -> "TileGrid":
+        tile, longest = compiled.tile_ms, compiled.longest_tiles
         origin = start_ms // tile * tile - (longest + 1) * tile
         return cls(tile, origin, -((origin - start_ms) // tile), -((origin - end_ms) // tile), longest)
 
@@ -109,7 +64,7 @@ class TileGrid:
         return self.stop + self.max_window + 2
 
 
-def offline_rows(view: FeatureView, compiled: CompiledView, tiles: pa.Table, start_ms: int, end_ms: int,
+def offline_rows(compiled: CompiledView, tiles: pa.Table, start_ms: int, end_ms: int,
                  chunk_tiles: int = 1_000_000) -> Iterator[tuple[pa.Table, int]]:
     """The offline rows of boundaries in [start_ms, end_ms) from the view's tiles: (rows, tiles used) per chunk
     of about `chunk_tiles` tiles of whole entities, so memory stays flat.
@@ -117,10 +72,10 @@ def offline_rows(view: FeatureView, compiled: CompiledView, tiles: pa.Table, sta
     `tiles` is the tile query's output (any order) covering at least `TileGrid.of(...).origin_ms` to `end_ms`;
     tiles with a NULL join key are dropped (no lookup can reach them).
     """
-    grid = TileGrid.of(view, start_ms, end_ms)
-    keys = list(view.entity.join_keys)
+    grid = TileGrid.of(compiled, start_ms, end_ms)
+    keys = list(compiled.key_columns)
     tiles = _in_grid(tiles, keys, grid, end_ms)
-    builder = _RowBuilder(view, windowed_features(view, compiled), grid, offline_schema(view))
+    builder = _RowBuilder(keys, compiled.windows, grid, offline_schema(compiled))
     codes = _entity_codes(tiles.select(keys))
     for lo, hi in _chunks(codes, chunk_tiles):
         yield builder.rows(tiles.slice(lo, hi - lo), codes[lo:hi] - codes[lo]), hi - lo
@@ -159,8 +114,8 @@ def _chunks(codes: np.ndarray, chunk_tiles: int) -> list[tuple[int, int]]:
 class _RowBuilder:
     """Builds the offline rows of one chunk of whole entities."""
 
-    def __init__(self, view: FeatureView, features: list[WindowedFeature], grid: TileGrid, schema: pa.Schema):
-        self.keys = list(view.entity.join_keys)
+    def __init__(self, keys: list[str], features: tuple[WindowSpec, ...], grid: TileGrid, schema: pa.Schema):
+        self.keys = keys
         self.features = features
         self.grid = grid
         self.schema = schema
@@ -176,27 +131,27 @@ class _RowBuilder:
         columns[EVENT_TIMESTAMP] = pa.array(grid.origin_ms + boundary_index * grid.tile_ms).cast(
             OFFLINE_TIMESTAMP_TYPE)
         distinct = self._distinct_counts(tiles, codes, tile_index, tile_keys, boundary_keys)
-        windows = {w: _Window(tile_keys, boundary_keys, w) for w in {f.window for f in self.features}}
+        windows = {w: _Window(tile_keys, boundary_keys, w) for w in {f.tiles for f in self.features}}
         sums = _PrefixSums(tiles)
         for feature in self.features:
             values = distinct.get(feature.name)
             if values is None:
-                values = _reduce(feature, tiles, sums, windows[feature.window])
+                values = _reduce(feature, tiles, sums, windows[feature.tiles])
             columns[feature.name] = values.cast(feature.kind.arrow_type())
         return pa.table(columns, schema=self.schema)
 
     def _distinct_counts(self, tiles: pa.Table, codes: np.ndarray, tile_index: np.ndarray, tile_keys: np.ndarray,
                          boundary_keys: np.ndarray) -> dict[str, pa.Array]:
         """approx_distinct features, all windows of one sketch column at once."""
-        by_column: dict[str, list[WindowedFeature]] = {}
+        by_column: dict[str, list[WindowSpec]] = {}
         for feature in self.features:
             if feature.op == "approx_distinct":
                 by_column.setdefault(feature.partials["hll"], []).append(feature)
         out = {}
         for column, features in by_column.items():
             sketches = TileSketches(tiles.column(column).combine_chunks(), codes, tile_index)
-            estimates = sketches.estimates(boundary_keys, tile_keys, sorted({f.window for f in features}))
-            out.update({f.name: pa.array(estimates[f.window]) for f in features})
+            estimates = sketches.estimates(boundary_keys, tile_keys, sorted({f.tiles for f in features}))
+            out.update({f.name: pa.array(estimates[f.tiles]) for f in features})
         return out
 
     def _boundaries(self, codes: np.ndarray, tile_index: np.ndarray) -> np.ndarray:
@@ -204,7 +159,7 @@ class _RowBuilder:
         plus the first boundary of the range for entities with a non-empty window there."""
         grid = self.grid
         entered = codes * grid.span + tile_index + 1
-        lengths = sorted({0, *(f.window for f in self.features)})
+        lengths = sorted({0, *(f.tiles for f in self.features)})
         live = (tile_index >= grid.first - grid.max_window) & (tile_index < grid.first)
         candidates = np.concatenate([*(entered + w for w in lengths), codes[live] * grid.span + grid.first])
         index = candidates % grid.span
@@ -220,7 +175,7 @@ class _Window:
         self.window = window
 
 
-def _reduce(feature: WindowedFeature, tiles: pa.Table, sums: "_PrefixSums", window: _Window) -> pa.Array:
+def _reduce(feature: WindowSpec, tiles: pa.Table, sums: "_PrefixSums", window: _Window) -> pa.Array:
     partial = feature.partials
     if feature.op in ("count", "sum"):
         return pa.array(sums.over(partial[feature.op], window))

@@ -46,15 +46,15 @@ from feature_repo import features as example
 
 interactions = dataclasses.replace(example.interactions, kafka_topic={events!r})
 catalog = dataclasses.replace(example.catalog, kafka_topic={catalog!r})
-asset_activity = dataclasses.replace(example.asset_activity, source=interactions)
-asset_attributes = dataclasses.replace(example.asset_attributes, source=catalog)
 """
+VIEWS = ("asset_activity", "asset_attributes")
+SOURCES = {"asset_activity": "interactions", "asset_attributes": "catalog"}
 
 
 class Bench:
     """A scratch repo (own project and topics), its stream subprocess, and the clean-up of both."""
 
-    def __init__(self, cfg, folder: Path):
+    def __init__(self, cfg, folder: Path, data_dir: Optional[Path] = None, views: tuple[str, ...] = VIEWS):
         self.cfg = cfg
         run = uuid.uuid4().hex[:8]
         self.project, self.events_topic, self.catalog_topic = f"streambench_{run}", f"bench-events-{run}", \
@@ -65,9 +65,11 @@ class Bench:
         settings["project"] = self.project
         settings["registry"]["path"] = f"sqlite:///{self.folder / 'registry.db'}"
         settings["platform"]["state_dir"] = str(self.folder / "state")
+        settings["platform"]["data_dir"] = str(data_dir or self.folder / "data")  # no history unless given
         (self.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
         (self.folder / "features.py").write_text(FEATURES_PY.format(events=self.events_topic,
-                                                                    catalog=self.catalog_topic))
+                                                                    catalog=self.catalog_topic) + "".join(
+            f"{view} = dataclasses.replace(example.{view}, source={SOURCES[view]})\n" for view in views))
         self.bootstrap = cfg.platform.kafka.bootstrap_servers
         self.redis = redis.Redis(*cfg.redis_host_port)
         self.stream: Optional[subprocess.Popen] = None
@@ -76,6 +78,11 @@ class Bench:
         log_file = (self.folder / "stream.log").open("w")
         self.stream = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(self.folder), "stream"],
                                        cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop_stream(self) -> None:
+        if self.stream is not None and self.stream.poll() is None:
+            self.stream.send_signal(signal.SIGINT)
+            self.stream.wait(timeout=120)
 
     def status(self) -> dict:
         path = next((self.folder / "state" / "stream").glob("*/status.json"), None)
@@ -104,9 +111,7 @@ class Bench:
     def close(self, keep: bool) -> None:
         from confluent_kafka.admin import AdminClient
 
-        if self.stream is not None and self.stream.poll() is None:
-            self.stream.send_signal(signal.SIGINT)
-            self.stream.wait(timeout=120)
+        self.stop_stream()
         status = self.status()
         topics = [self.events_topic, self.catalog_topic, f"{self.events_topic}.dead-letters",
                   f"{self.catalog_topic}.dead-letters", *status.get("topics", {}).get("tiles", [])]

@@ -9,6 +9,12 @@ keeps online values fresh within seconds, while batch mode computes the same row
 The query reads the relation named after the source. In batch mode that is the Parquet folder. In streaming
 mode it is the view of the source's valid, on-time events that `dsl.compile_stream_source` builds (the only
 place where the two modes differ); `featurectl stream` runs that very relation, with its dead-letter query.
+Every tile also carries two bookkeeping partials, in both modes: its number of events (`__events__count`, the
+tile's version: an update with no more events than the one held is a replay) and its greatest event time
+(`__clock__max`, the streaming clock), so that batch tiles can seed a stream.
+
+The compiled view also carries the window specs both runtimes turn tiles into values with (`WindowSpec`), so
+neither rebuilds them from DSL objects.
 """
 
 from __future__ import annotations
@@ -19,26 +25,31 @@ from typing import Mapping, Sequence
 
 from dsl import aggregates, sql_functions
 from dsl.aggregates import Partial
-from dsl.compile_stream_source import KafkaRead, SourceRelation, create_table, source_relation
+from dsl.compile_stream_source import KafkaRead, SourceRelation, create_table, lateness_ms, source_relation
 from dsl.duration import sql_interval
 from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
 from dsl.features import Aggregation, Attribute
 from dsl.source import ROWTIME, EventSource
+from dsl.types import ValueType
 
 TILE_START = "tile_start"
+EVENTS_COLUMN = "__events__count"
+CLOCK_COLUMN = "__clock__max"
 # Where a streaming job without a checkpoint (or committed offsets) starts reading its topics.
 FROM_COMMITTED_OR_EARLIEST = {"scan.startup.mode": "group-offsets", "properties.auto.offset.reset": "earliest"}
 
 
 @dataclass(frozen=True)
 class SourceSettings:
-    """Where sources live in this deployment; the only non-DSL input of the compiler."""
+    """Where sources live in this deployment; the only non-DSL input of the compiler. `cutovers` (source name
+    -> epoch ms) is where a stream's Kafka events start to count: the history before it comes from Parquet."""
 
     bootstrap_servers: str
     data_dir: Path
     consumer_group: str = "featurectl"  # the Kafka consumer group of the streaming source
     startup: Mapping[str, str] = field(default_factory=lambda: dict(FROM_COMMITTED_OR_EARLIEST))
+    cutovers: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def kafka_read(self) -> KafkaRead:
@@ -57,15 +68,45 @@ class TileColumn:
 
 
 @dataclass(frozen=True)
+class WindowSpec:
+    """One served feature as both runtimes compute it: `op` over the last `tiles` tiles (an Attribute is `last`
+    over the ttl), from the tile columns in `partials` (partial suffix -> column name), served as `kind`."""
+
+    name: str
+    op: str
+    kind: ValueType
+    tiles: int
+    partials: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class CompiledView:
     view: str
     source: str
     key_columns: tuple[str, ...]
+    key_types: tuple[ValueType, ...]
     tile_columns: tuple[TileColumn, ...]
+    windows: tuple[WindowSpec, ...]  # the view's features in declaration order
+    tile_ms: int
+    ttl_ms: int
+    lateness_ms: int  # the source's watermark delay + allowed lateness
     streaming_source: SourceRelation
     batch_source_ddl: str
     function_ddl: tuple[str, ...]
     tile_query: str
+
+    @property
+    def longest_tiles(self) -> int:
+        """The longest window in tiles (an attribute's window is the ttl)."""
+        return max(w.tiles for w in self.windows)
+
+    @property
+    def longest_ms(self) -> int:
+        return self.longest_tiles * self.tile_ms
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [w.name for w in self.windows]
 
     def statements(self, mode: str) -> list[str]:
         """DDL then the query, for `streaming` or `batch`."""
@@ -102,7 +143,7 @@ def batch_source_ddl(source: EventSource, settings: SourceSettings) -> str:
 
 
 def _tile_columns(view: FeatureView) -> list[tuple[TileColumn, str]]:
-    """Each tile column with its SQL aggregate expression."""
+    """Each tile column with its SQL aggregate expression: the features', then the two bookkeeping ones."""
     schema = view.source.schema
     rowtime = quote_ident(ROWTIME)
     out: list[tuple[TileColumn, str]] = []
@@ -114,7 +155,30 @@ def _tile_columns(view: FeatureView) -> list[tuple[TileColumn, str]]:
             out.append((column, f"LAST_BY({quote_ident(feature.column)}, {rowtime})"))
             continue
         out.extend(_aggregation_columns(feature, view))
+    count, maximum = aggregates.OPS["count"].partials[0], aggregates.OPS["max"].partials[0]
+    out.append((TileColumn(EVENTS_COLUMN, "BIGINT", "__events", "count", count), "COUNT(*)"))
+    out.append((TileColumn(CLOCK_COLUMN, "BIGINT", "__clock", "max", maximum),
+                f"MAX({quote_ident(view.source.timestamp_field)})"))
     return out
+
+
+def window_specs(view: FeatureView, columns: Sequence[TileColumn]) -> tuple[WindowSpec, ...]:
+    """The view's features as window specs, in declaration order; an Attribute is `last` over the ttl."""
+    partials: dict[str, dict[str, str]] = {}
+    for column in columns:
+        partials.setdefault(column.base, {})[column.partial.suffix] = column.name
+    kinds = view.output_schema()
+    out = []
+    for feature in view.features:
+        if isinstance(feature, Attribute):
+            name = feature.feature_names[0]
+            out.append(WindowSpec(name, "last", kinds[name], max(1, view.ttl // view.tile), partials[name]))
+            continue
+        for window in feature.parsed_windows:
+            name = feature.feature_name(window)
+            out.append(WindowSpec(name, feature.op, kinds[name], window.length // view.tile,
+                                  partials[feature.base_name]))
+    return tuple(out)
 
 
 def _aggregation_columns(agg: Aggregation, view: FeatureView) -> list[tuple[TileColumn, str]]:
@@ -162,13 +226,20 @@ def compile_view(view: FeatureView, settings: SourceSettings, source_keys: Seque
     """`source_keys`: the join keys every event of the source must carry to count (those of every view reading
     it, see `dsl.compile_stream_source.source_keys`); the view's own by default."""
     columns = _tile_columns(view)
+    tile_columns = tuple(c for c, _ in columns)
     return CompiledView(
         view=view.name,
         source=view.source.name,
         key_columns=tuple(view.entity.join_keys),
-        tile_columns=tuple(c for c, _ in columns),
+        key_types=tuple(view.entity.join_keys.values()),
+        tile_columns=tile_columns,
+        windows=window_specs(view, tile_columns),
+        tile_ms=tile_ms(view),
+        ttl_ms=int(view.ttl.total_seconds() * 1000),
+        lateness_ms=lateness_ms(view.source),
         streaming_source=source_relation(view.source, settings.kafka_read,
-                                         source_keys or tuple(view.entity.join_keys)),
+                                         source_keys or tuple(view.entity.join_keys),
+                                         settings.cutovers.get(view.source.name)),
         batch_source_ddl=batch_source_ddl(view.source, settings),
         function_ddl=tuple(sql_functions.function_ddl()),
         tile_query=tile_query(view, columns),

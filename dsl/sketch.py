@@ -34,9 +34,12 @@ RELATIVE_STANDARD_ERROR = 1.04 / math.sqrt(M)
 
 _SPARSE = 0
 _DENSE = 1
+_HEADER = 3  # version, p, encoding
+_SPARSE_HEADER = _HEADER + 2  # ... and the u16 entry count
 _ALPHA = 0.7213 / (1 + 1.079 / M)
 _LOW_BITS = (1 << (64 - P)) - 1
 _ENTRY = np.dtype([("index", "<u2"), ("rank", "u1")])  # packed: 3 bytes, as in the wire format
+_SMALL = _SPARSE_HEADER + 3 * 64  # sparse sketches up to 64 registers are compared in Python, larger with numpy
 
 
 def hll_hash(value: str) -> int:
@@ -124,27 +127,97 @@ def estimate_many(register_sums: np.ndarray, zeros: np.ndarray) -> np.ndarray:
     return np.floor(value + 0.5).astype(np.int64)
 
 
-def _merge_bytes(registers: np.ndarray, data: bytes) -> None:
-    """Raises `registers` to the ranks of a serialized sketch, validating it on the way."""
-    if not data:
-        return
-    if len(data) < 3 or data[0] != VERSION or data[1] != P or data[2] not in (_SPARSE, _DENSE):
-        head = list(data[:3])
+def _check_header(data: bytes) -> None:
+    if len(data) < _HEADER or data[0] != VERSION or data[1] != P or data[2] not in (_SPARSE, _DENSE):
+        head = list(data[:_HEADER])
         msg = (f"not a featurectl HLL sketch: header {head}, expected [{VERSION}, {P}, 0 or 1]; "
                "build sketches with HLL_SKETCH or dsl.sketch")
         raise ValueError(msg)
+
+
+def _parse(data: bytes) -> tuple[np.ndarray | slice, np.ndarray]:
+    """The registers a serialized sketch sets: (indexes, ranks), or (all, every rank) when dense; validated."""
+    _check_header(data)
     if data[2] == _DENSE:
-        if len(data) != 3 + M:
-            raise ValueError(f"corrupt dense HLL sketch: {len(data)} bytes, expected {3 + M}")
-        index, ranks = slice(None), np.frombuffer(data, dtype=np.uint8, offset=3)
+        if len(data) != _HEADER + M:
+            raise ValueError(f"corrupt dense HLL sketch: {len(data)} bytes, expected {_HEADER + M}")
+        index, ranks = slice(None), np.frombuffer(data, dtype=np.uint8, offset=_HEADER)
     else:
-        count = int.from_bytes(data[3:5], "little")
-        if len(data) < 5 or len(data) != 5 + 3 * count:
+        count = int.from_bytes(data[_HEADER:_SPARSE_HEADER], "little")
+        if len(data) < _SPARSE_HEADER or len(data) != _SPARSE_HEADER + 3 * count:
             raise ValueError(f"corrupt sparse HLL sketch: {len(data)} bytes for {count} entries")
-        entries = np.frombuffer(data, dtype=_ENTRY, offset=5)
+        entries = np.frombuffer(data, dtype=_ENTRY, offset=_SPARSE_HEADER)
         index, ranks = entries["index"].astype(np.intp), entries["rank"]
         if count and index.max() >= M:
             raise ValueError(f"corrupt sparse HLL sketch: register index {index.max()} >= {M}")
     if len(ranks) and ranks.max() > MAX_RANK:
         raise ValueError(f"corrupt HLL sketch: rank {ranks.max()} > {MAX_RANK}")
-    registers[index] = np.maximum(registers[index], ranks)  # sparse indexes are unique within a sketch
+    return index, ranks
+
+
+def _merge_bytes(registers: np.ndarray, data: bytes) -> None:
+    """Raises `registers` to the ranks of a serialized sketch, validating it on the way."""
+    if data:
+        index, ranks = _parse(data)
+        registers[index] = np.maximum(registers[index], ranks)  # sparse indexes are unique within a sketch
+
+
+def entries(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Indexes (ascending) and ranks of the non-zero registers of one serialized sketch; b"" has none."""
+    if not data:
+        return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.uint8)
+    index, ranks = _parse(data)
+    if isinstance(index, slice):
+        index = np.flatnonzero(ranks)
+        return index, ranks[index]
+    return index, ranks
+
+
+def _records(data: bytes) -> list[bytes]:
+    """The 3-byte entries of a sparse sketch."""
+    return [data[i:i + 3] for i in range(_SPARSE_HEADER, len(data), 3)]
+
+
+def raised_entries(new: bytes, old: Optional[bytes]) -> tuple[list[int], list[int]]:
+    """The registers (indexes, ranks) of sketch `new` that are higher than in `old`, an earlier version of the
+    same tile's sketch: a tile update repeats every register of the tile, while few changed since the last one."""
+    _check_header(new)
+    if new[2] == _SPARSE and len(new) <= _SMALL and (not old or old[2] == _SPARSE):
+        fresh = set(_records(new)).difference(_records(old)) if old else _records(new)  # a raised register is
+        return [int.from_bytes(r[:2], "little") for r in fresh], [r[2] for r in fresh]  # a record not in `old`
+    index, ranks = entries(new)
+    if old:
+        old_index, old_ranks = entries(old)  # both sorted by index
+        if len(old_index):
+            at = np.minimum(np.searchsorted(old_index, index), len(old_index) - 1)
+            higher = ranks > np.where(old_index[at] == index, old_ranks[at], 0)
+            index, ranks = index[higher], ranks[higher]
+    return index.tolist(), ranks.tolist()
+
+
+def many_entries(offsets: np.ndarray, data: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(row, register, rank) of every non-zero register of many sketches laid end to end in `data` (row i in
+    `data[offsets[i]:offsets[i + 1]]`, read only where `present`; empty ones hold none), in row order."""
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    rows = np.flatnonzero(present & (lengths > 0))
+    head = starts[rows]
+    if len(rows) and ((data[head] != VERSION).any() or (data[head + 1] != P).any()):
+        raise ValueError(f"tile column holds sketches that are not featurectl HLL (version {VERSION}, p {P}): "
+                         "re-run the backfill so that Flink rebuilds the tiles")
+    encoding = data[head + 2]
+    sparse, dense = rows[encoding == _SPARSE], rows[encoding == _DENSE]
+    counts = (lengths[sparse] - _SPARSE_HEADER) // 3
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    at = np.repeat(starts[sparse] + _SPARSE_HEADER, counts) + 3 * within
+    sparse_rows = np.repeat(sparse, counts)
+    sparse_registers = data[at].astype(np.int64) | data[at + 1].astype(np.int64) << 8
+    sparse_ranks = data[at + 2]
+    dense_at = (starts[dense, None] + _HEADER + np.arange(M)).ravel()
+    dense_rows = np.repeat(dense, M)
+    dense_registers = np.tile(np.arange(M), len(dense))
+    dense_ranks = data[dense_at]
+    hit = dense_ranks > 0
+    rows = np.concatenate([sparse_rows, dense_rows[hit]])
+    order = np.argsort(rows, kind="stable") if len(dense) else slice(None)
+    return (rows[order], np.concatenate([sparse_registers, dense_registers[hit]])[order],
+            np.concatenate([sparse_ranks, dense_ranks[hit]]).astype(np.int64)[order])

@@ -19,6 +19,10 @@ FUNCTIONS: Mapping[str, str] = MappingProxyType({
     "HLL_MERGE": f"{_PACKAGE}.HllMerge",  # HLL_MERGE(sketch BYTES) -> BYTES, aggregate (tiles -> window)
     "HLL_ESTIMATE": f"{_PACKAGE}.HllEstimate",  # HLL_ESTIMATE(sketch BYTES) -> BIGINT, scalar
     "LAST_BY": f"{_PACKAGE}.LastBy",  # LAST_BY(value T, ts TIMESTAMP[_LTZ]) -> T, aggregate
+    # PARSE_EVENT(payload BYTES, spec STRING literal) -> ROW(columns..., __error), table function: strict JSON
+    "PARSE_EVENT": f"{_PACKAGE}.ParseEvent",
+    "PAYLOAD_TEXT": f"{_PACKAGE}.PayloadText",  # PAYLOAD_TEXT(payload BYTES, max_bytes INT) -> STRING, scalar
+    "PAYLOAD_ENCODING": f"{_PACKAGE}.PayloadEncoding",  # -> 'utf-8' | 'base64', how PAYLOAD_TEXT wrote it
 })
 
 

@@ -57,6 +57,14 @@ def _print_status(home: Path, status: dict) -> None:
                f"event-to-Redis lag p50 "
                f"{_ms(fresh.get('p50_ms'))}, p99 {_ms(fresh.get('p99_ms'))} ({fresh.get('samples', 0):,} tile "
                f"writes, last 60 s)")
+    click.echo("  " + _progress_line(status, alive))
+    generation = status.get("generation") or {}
+    cutovers = ", ".join(f"{source} at {at}" for source, at in (generation.get("cutovers") or {}).items())
+    history = (generation.get("history") or {}).get("views") or {}
+    loaded = ", ".join(f"{name} {n['entities']:,} entities ({n['tiles']:,} tiles)" for name, n in history.items())
+    counted = f"Kafka events count from the cutover: {cutovers}" if cutovers else "none (Kafka only)"
+    click.echo(f"  history: {counted}"
+               + (f"; started from {loaded} (loaded in {generation['history']['load_s']} s)" if loaded else ""))
     checkpoint = status.get("checkpoint") or {}
     click.echo(f"  checkpoint {checkpoint.get('path', 'none yet')} {checkpoint.get('at', '')}".rstrip()
                + (f"; resumed from {status['restored_from']}" if status.get("restored_from") else ""))
@@ -70,6 +78,19 @@ def _print_status(home: Path, status: dict) -> None:
                    f"{view['redis_writes']:,} Redis writes ({view['redis_refused_older']:,} refused as older)")
 
 
+def _progress_line(status: dict, alive: bool) -> str:
+    """Whether every event produced so far is applied: `caught up` with the offsets, or how far behind."""
+    lag = status.get("lag")
+    if not alive or not lag:
+        return f"progress: unknown ({'not running' if not alive else status.get('state')})"
+    offsets = ", ".join(f"{o['topic']}[{o['partition']}] {o['applied']:,}/{o['end']:,}" for o in lag["offsets"])
+    if lag["caught_up"]:
+        return f"caught up: every event produced so far is applied and in Redis (offsets {offsets})"
+    return (f"behind: {lag['source_events']:,} events not yet applied by Flink (offsets applied/end {offsets}), "
+            f"{lag['tile_updates']:,} tile updates not yet read, {lag['unwritten_entities']:,} entities not yet "
+            "written to Redis")
+
+
 @click.command()
 @click.option("--view", "names", multiple=True, help="a feature view to stream (repeatable; default: every view "
               "whose source has a kafka_topic)")
@@ -78,13 +99,16 @@ def _print_status(home: Path, status: dict) -> None:
 @click.option("--status", "show_status", is_flag=True, help="report the streams of this repo and exit")
 @click.option("--checkpoint-interval", type=float, default=None, help="seconds between Flink checkpoints [10]")
 @click.option("--mini-batch-latency", type=int, default=None, help="ms an event may wait in a tile mini-batch [500]")
+@click.option("--reset", is_flag=True, help="start afresh from the history (a new cutover) instead of resuming "
+              "from the latest checkpoint")
 @click.pass_obj
 def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: bool,
-           checkpoint_interval: Optional[float], mini_batch_latency: Optional[int]) -> None:
+           checkpoint_interval: Optional[float], mini_batch_latency: Optional[int], reset: bool) -> None:
     """Stream feature views: Kafka -> Flink (tiles, dead letters) -> window values in Redis, in Feast's layout.
 
-    Runs until stopped; Ctrl-C stops cleanly and a later run resumes from the latest checkpoint, as it does after
-    a crash.
+    A first start (or --reset) starts each window from the Parquet history: events before a source's cutover
+    (one past its last event in Parquet) count from there, later ones from Kafka. Runs until stopped; Ctrl-C stops
+    cleanly and a later run resumes from the latest checkpoint, as it does after a crash.
     """
     from streaming.status import read_statuses
 
@@ -96,6 +120,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
         for home, status in found:
             _print_status(home, status)
         return
+    from batch.history import ParquetHistory
     from dsl.compile_flink import SourceSettings
     from streaming.config import StreamSettings
     from streaming.flink_job import StreamJobError
@@ -114,7 +139,9 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     stop = threading.Event()
     _stop_on_signals(stop)
     try:
-        runner = StreamRunner(target, views, all_views, settings)
+        history = ParquetHistory(cfg.data_dir, cfg.registry_url, cfg.project, jobmanager=target.jobmanager,
+                                 parallelism=settings.parallelism)
+        runner = StreamRunner(target, views, all_views, settings, history, reset)
         click.echo(f"stream {runner.plan.name}: {', '.join(v.view.name for v in runner.plan.views)} -> Redis "
                    f"{':'.join(map(str, cfg.redis_host_port))}; status: featurectl stream --status")
         runner.run(stop)

@@ -2,10 +2,9 @@
 source's dead letters into a dead-letter topic, all in one Flink job (one StatementSet, one read per source).
 
 The SQL is the compiler's (`dsl.compile_flink.compile_view`): its streaming source relation and dead-letter
-query per source, and its tile query per view, for the view plus two bookkeeping aggregations the window writer
-needs per tile: the number of events (`__events`, a version: a replayed update carries fewer events than one
-already applied) and the greatest event time (`__clock`, the writer's event-time clock). Adding them as
-aggregations keeps the compiler the only author of the job's queries; this module adds the sinks.
+query per source (with the source's cutover: events before it are history, counted from the batch side), and its
+tile query per view, whose bookkeeping partials give the window writer each tile's version (`__events`) and
+clock (`__clock`). The compiler stays the only author of the job's queries; this module adds the sinks.
 """
 
 from __future__ import annotations
@@ -14,20 +13,14 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from dsl.compile_flink import TILE_START, CompiledView, SourceSettings, compile_view
-from dsl.compile_stream_source import (DEAD_LETTER_COLUMNS, RAW_GROUP_SUFFIX, SourceRelation, create_table,
-                                       lateness_ms, source_keys)
+from dsl.compile_stream_source import DEAD_LETTER_COLUMNS, SourceRelation, create_table, source_keys
 from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
-from dsl.features import Aggregation
 from dsl.source import EventSource
 
-EVENTS_FEATURE = "__events"
-CLOCK_FEATURE = "__clock"
-EVENTS_COLUMN = f"{EVENTS_FEATURE}__count"
-CLOCK_COLUMN = f"{CLOCK_FEATURE}__max"
 # Transactions of the dead-letter sink must outlive a checkpoint interval; 15 minutes is the broker's default cap.
 TRANSACTION_TIMEOUT_MS = 900_000
 
@@ -36,16 +29,9 @@ class StreamDefinitionError(ValueError):
     """A view cannot be streamed as defined; the message names it and the fix."""
 
 
-def with_bookkeeping(view: FeatureView) -> FeatureView:
-    """The view plus the per-tile event count and greatest event time."""
-    extra = [Aggregation("count", windows=[view.tile], name=EVENTS_FEATURE),
-             Aggregation("max", view.source.timestamp_field, windows=[view.tile], name=CLOCK_FEATURE)]
-    return dataclasses.replace(view, features=[*view.features, *extra])
-
-
 @dataclass(frozen=True)
 class ViewJob:
-    """A streamed view: its definition, its compiled (bookkept) tile query, and the topic its tiles go to."""
+    """A streamed view: its definition, its compiled tile query, and the topic its tiles go to."""
 
     view: FeatureView
     compiled: CompiledView
@@ -89,11 +75,12 @@ class JobPlan:
     views: tuple[ViewJob, ...]
     sources: tuple[SourceJob, ...]
     function_ddl: tuple[str, ...]
+    cutovers: Mapping[str, int]  # per source with history: where its Kafka events start to count (epoch ms)
 
     @property
     def consumer_groups(self) -> list[str]:
-        """The Kafka consumer groups the job commits offsets to (one per read of a topic)."""
-        return [self.group_id, self.group_id + RAW_GROUP_SUFFIX]
+        """The Kafka consumer groups the job commits offsets to."""
+        return [self.group_id]
 
     def ddl(self) -> list[str]:
         """Functions, source tables and views, then the sink tables."""
@@ -110,8 +97,7 @@ class JobPlan:
 
     def _tiles_sink(self, job: ViewJob) -> str:
         keys = job.compiled.key_columns
-        kinds = job.view.entity.join_keys
-        columns = [f"{quote_ident(k)} {kinds[k].flink_sql}" for k in keys]
+        columns = [f"{quote_ident(k)} {kind.flink_sql}" for k, kind in zip(keys, job.compiled.key_types)]
         columns.append(f"{TILE_START} BIGINT")
         columns += [f"{quote_ident(c.name)} {c.sql_type}" for c in job.compiled.tile_columns]
         columns.append(f"PRIMARY KEY ({', '.join(quote_ident(k) for k in (*keys, TILE_START))}) NOT ENFORCED")
@@ -139,15 +125,17 @@ def job_name(project: str, views: Sequence[FeatureView]) -> str:
     return _slug(".".join([project, *sorted(v.name for v in views)]))
 
 
-def state_ttl_ms(view: FeatureView, margin_ms: int) -> int:
+def state_ttl_ms(compiled: CompiledView, margin_ms: int) -> int:
     """How long a tile's state outlives its last update: no event can reach it after its tile plus the lateness."""
-    return int(view.tile.total_seconds() * 1000) + lateness_ms(view.source) + margin_ms
+    return compiled.tile_ms + compiled.lateness_ms + margin_ms
 
 
 def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
-             settings: SourceSettings, startup: dict[str, str], state_ttl_margin_ms: int = 60_000) -> JobPlan:
+             settings: SourceSettings, startup: dict[str, str], state_ttl_margin_ms: int = 60_000,
+             generation: int = 0) -> JobPlan:
     """The job streaming `views` (of a repo whose views are `all_views`); `startup` places a job without a
-    checkpoint in its source topics and is left out of the fingerprint."""
+    checkpoint in its source topics and is left out of the fingerprint; `settings.cutovers` and `generation`
+    (when the stream's state began, see `streaming.bootstrap`) are in it."""
     for view in views:
         if not view.source.kafka_topic:
             raise StreamDefinitionError(f"feature view `{view.name}`: source `{view.source.name}` has no "
@@ -156,12 +144,13 @@ def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[Fea
 
     def compiled_for(group_id: str, start: dict[str, str]) -> list[CompiledView]:
         placed = dataclasses.replace(settings, consumer_group=group_id, startup=start)
-        return [compile_view(with_bookkeeping(v), placed, source_keys(v.source, all_views)) for v in views]
+        return [compile_view(v, placed, source_keys(v.source, all_views)) for v in views]
 
-    ttls = [state_ttl_ms(v, state_ttl_margin_ms) for v in views]
     unplaced = compiled_for("", {})  # the SQL without the job's consumer group and start position
-    text = "\n".join([project, *(c.tile_query_with_state_ttl(t) for c, t in zip(unplaced, ttls)), *(
-        sql for _, r in _relations(views, unplaced).values() for sql in (*r.ddl, r.dead_letter_query))])
+    ttls = [state_ttl_ms(c, state_ttl_margin_ms) for c in unplaced]
+    queries = [c.tile_query_with_state_ttl(t) for c, t in zip(unplaced, ttls)]
+    relations = [sql for _, r in _relations(views, unplaced).values() for sql in (*r.ddl, r.dead_letter_query)]
+    text = "\n".join([project, str(generation), *queries, *relations])
     fingerprint = hashlib.sha256(text.encode()).hexdigest()[:12]
     group_id = f"featurectl.{name}.{fingerprint}"
     compiled = compiled_for(group_id, startup)
@@ -169,8 +158,10 @@ def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[Fea
                       for v, c, t in zip(views, compiled, ttls))
     source_jobs = tuple(SourceJob(source, relation, f"{source.kafka_topic}.dead-letters")
                         for source, relation in _relations(views, compiled).values())
+    cutovers = {s.name: settings.cutovers[s.name] for s, _ in _relations(views, compiled).values()
+                if s.name in settings.cutovers}
     return JobPlan(name, fingerprint, settings.bootstrap_servers, group_id, view_jobs, source_jobs,
-                   compiled[0].function_ddl)
+                   compiled[0].function_ddl, cutovers)
 
 
 def _relations(views: Sequence[FeatureView], compiled: list[CompiledView]) -> dict[str, tuple]:

@@ -3,6 +3,8 @@
 Each command is one EVALSHA of a guarded HSET script over a block of entities: a key is written only
 when its stored `_ts:{view}` is not newer than ours, so a replay after a restart, or a slower writer, never moves
 a value back in time. `_ts` is the view's clock (the greatest event time seen), the instant the values are as of.
+A refused key is reported with the `_ts` it holds, so the writer can write it again once its clock gets there
+(a materialized row at a later boundary, say).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ RETRY_S = 60.0
 # KEYS: entity keys. ARGV: n (field/value pairs per key incl. `_ts`), the key ttl in seconds (0: none), then per
 # key: event time in ms, the `_ts` field, the serialized Timestamp, and the n - 1 feature fields and values,
 # alternating. A key is written only when its stored `_ts` is older (or missing); the arguments go to HSET as they
-# are, with no table building. A written key gets the ttl as its expiry, as Feast's writer does.
+# are, with no table building. A written key gets the ttl as its expiry, as Feast's writer does. Returns the
+# refused keys as (position from 0, stored ms) pairs, flattened.
 GUARDED_HSET = """
 local function pb_ms(s)
   local seconds, nanos, i = 0, 0, 1
@@ -49,17 +52,20 @@ local function pb_ms(s)
 end
 local width = 2 * tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-local written, pos = 0, 3
+local refused, pos = {}, 3
 for k = 1, #KEYS do
   local stored = redis.call('HGET', KEYS[k], ARGV[pos + 1])
-  if (not stored) or pb_ms(stored) <= tonumber(ARGV[pos]) then
+  local stored_ms = stored and pb_ms(stored)
+  if (not stored) or stored_ms <= tonumber(ARGV[pos]) then
     redis.call('HSET', KEYS[k], unpack(ARGV, pos + 1, pos + width))
     if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
-    written = written + 1
+  else
+    refused[#refused + 1] = k - 1
+    refused[#refused + 1] = stored_ms
   end
   pos = pos + 1 + width
 end
-return written
+return refused
 """
 
 
@@ -90,10 +96,9 @@ class RedisSink:
         self._views: dict[str, tuple] = {}
 
     def _view(self, view_layout: ViewLayout) -> tuple:
-        name = view_layout.view.name
+        name = view_layout.name
         if name not in self._views:
-            view = view_layout.view
-            encoder = layout.KeyEncoder(self.project, view.entity.join_keys)
+            encoder = layout.KeyEncoder(self.project, view_layout.join_keys)
             positions = [view_layout.key_columns.index(k) for k in encoder.order]
             fields = [layout.field_name(name, s.name) for s in view_layout.specs]
             kinds = [s.kind for s in view_layout.specs]
@@ -115,12 +120,13 @@ class RedisSink:
             out.append(hiredis.pack_command(("EVALSHA", self.sha, len(keys), *keys, pairs, self.key_ttl_s, *args)))
         return out
 
-    def send(self, commands: list[bytes]) -> int:
-        """One round trip for all commands; returns how many entities were written (not refused as older).
+    def send(self, commands: list[bytes]) -> list[tuple[int, int]]:
+        """One round trip for all commands; returns the rows refused as older than Redis's: (position among the
+        rows given to `commands`, the `_ts` in ms that Redis holds).
 
         Writes are idempotent, so a failed round trip is sent again, for up to `RETRY_S` while Redis is away."""
         if not commands:
-            return 0
+            return []
         deadline = time.monotonic() + RETRY_S
         while True:
             try:
@@ -134,12 +140,16 @@ class RedisSink:
                 log.warning("writing to Redis failed (%s); retrying", exc)
                 time.sleep(1.0)
 
-    def _send(self, commands: list[bytes]) -> int:
+    def _send(self, commands: list[bytes]) -> list[tuple[int, int]]:
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
             conn.send_packed_command(commands)
-            return sum(conn.read_response() for _ in commands)
+            refused = []
+            for block in range(len(commands)):
+                reply = conn.read_response()
+                refused += [(block * BLOCK + reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
+            return refused
         except BaseException:
             conn.disconnect()
             raise

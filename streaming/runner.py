@@ -2,15 +2,18 @@
 writer that turns tiles into Redis values; a status file every second; a clean stop that leaves a checkpoint.
 
 One job per set of views: its folder `<state>/stream/<job>/` holds a lock (one runner at a time), the status
-file, Flink's log and the checkpoints. Killed at any point, the next run resumes from the newest checkpoint.
+file, Flink's log, the checkpoints, the generation (`streaming.bootstrap`) and its history tiles. Killed at any
+point, the next run resumes from the newest checkpoint; with none, it starts a new generation from the history.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -21,13 +24,14 @@ from typing import Iterator, Optional, Sequence
 import redis
 from confluent_kafka import KafkaException
 
-from dsl.compile_flink import SourceSettings
-from dsl.compile_stream_source import lateness_ms
+from dsl.compile_flink import SourceSettings, compile_view
+from dsl.compile_stream_source import MAX_AHEAD_MS
 from dsl.feature_view import FeatureView
 from serving.redis_connect import RedisSettings, redis_client
+from streaming.bootstrap import Generation, History, history_folder, prune_history
 from streaming.config import StreamSettings
 from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prune_checkpoints
-from streaming.job_sql import JobPlan, plan_job
+from streaming.job_sql import JobPlan, job_name, plan_job
 from streaming.metrics import StreamMetrics
 from streaming.redis_sink import RedisSink
 from streaming.status import stream_root, write_status
@@ -56,22 +60,26 @@ class Target:
     key_ttl_s: int = 0
 
 
-def lookback_ms(views: Sequence[FeatureView]) -> int:
-    """How far back a job without a checkpoint reads its topics: enough to fill every window."""
-    spans = []
+def start_ms(target: Target, views: Sequence[FeatureView], generation: Generation) -> int:
+    """Where a new generation's job starts reading its topics (by record timestamp): far enough back to fill every
+    window, or for a source with history, to its cutover less the hour an event time may lead its record's
+    timestamp (no event before that can count), whichever is later; the earliest over the job's sources."""
+    starts = []
     for view in views:
-        lengths = [w.length for a in view.aggregations for w in a.parsed_windows]
-        lengths += [view.ttl] if view.attributes else []
-        spans.append(int((max(lengths) + view.tile).total_seconds() * 1000) + lateness_ms(view.source))
-    return max(spans)
+        compiled = compile_view(view, target.source_settings)
+        start = generation.started_ms - (compiled.longest_ms + compiled.tile_ms + compiled.lateness_ms)
+        cutover = generation.cutovers.get(view.source.name)
+        starts.append(start if cutover is None else max(start, cutover - MAX_AHEAD_MS))
+    return max(min(starts), 0)
 
 
 def plan_for(target: Target, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
-             settings: StreamSettings) -> JobPlan:
-    start = int(time.time() * 1000) - lookback_ms(views)
-    startup = {"scan.startup.mode": "timestamp", "scan.startup.timestamp-millis": str(max(start, 0))}
-    return plan_job(target.project, views, all_views, target.source_settings, startup,
-                    int(settings.state_ttl_margin_s * 1000))
+             settings: StreamSettings, generation: Generation) -> JobPlan:
+    startup = {"scan.startup.mode": "timestamp",
+               "scan.startup.timestamp-millis": str(start_ms(target, views, generation))}
+    placed = dataclasses.replace(target.source_settings, cutovers=dict(generation.cutovers))
+    return plan_job(target.project, views, all_views, placed, startup, int(settings.state_ttl_margin_s * 1000),
+                    generation.started_ms)
 
 
 @contextmanager
@@ -123,14 +131,24 @@ class StreamRunner:
     """One run of one stream; `run` blocks until `stop` is set or the job fails."""
 
     def __init__(self, target: Target, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
-                 settings: StreamSettings):
+                 settings: StreamSettings, history: Optional[History] = None, reset: bool = False):
+        """`history`: the batch side a new generation starts its windows from (None: Kafka alone); `reset`
+        starts a new generation even when the last one could be resumed."""
         if not views:
             raise StreamError("no feature views to stream: define views whose source has a kafka_topic, "
                               "or name them with --view")
         self.target = target
         self.settings = settings
-        self.plan = plan_for(target, views, all_views, settings)
-        self.home = stream_root(target.state_dir) / self.plan.name
+        self.history = history
+        self.home = stream_root(target.state_dir) / job_name(target.project, views)
+        self.generation, self.plan = self._resume(views, all_views, reset)
+        self.fresh = self.plan is None
+        if self.fresh:
+            now = int(time.time() * 1000)
+            sources = list({v.source.name: v.source for v in views}.values())
+            generation = Generation(now, history.cutovers(sources, now) if history is not None else {})
+            self.plan = plan_for(target, views, all_views, settings, generation)
+            self.generation = dataclasses.replace(generation, fingerprint=self.plan.fingerprint)
         self.checkpoints = self.home / "checkpoints" / self.plan.fingerprint
         self.metrics = StreamMetrics([v.view.name for v in self.plan.views],
                                      {v.view.name: v.view.source.name for v in self.plan.views})
@@ -139,8 +157,20 @@ class StreamRunner:
         self.job: Optional[FlinkJob] = None
         self.writer: Optional[WindowWriter] = None
         self.restored_from: Optional[Path] = None
+        self.bootstrap: Optional[dict] = None
         self.flink_status: Optional[str] = None
         self.source_lag: Optional[SourceLag] = None
+
+    def _resume(self, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
+                reset: bool) -> tuple[Optional[Generation], Optional[JobPlan]]:
+        """The saved generation and its plan when a checkpoint of it remains, else (None, None)."""
+        saved = None if reset else Generation.load(self.home)
+        if saved is None:
+            return None, None
+        plan = plan_for(self.target, views, all_views, self.settings, saved)
+        if plan.fingerprint != saved.fingerprint or not latest_checkpoint(self.home / "checkpoints" / plan.fingerprint):
+            return None, None
+        return saved, plan
 
     def run(self, stop: threading.Event) -> None:
         with job_lock(self.home):
@@ -164,11 +194,20 @@ class StreamRunner:
             raise StreamError(f"Redis at {host}:{port} is not answering ({exc}): run `featurectl services up`") from exc
         ensure_topics(self.plan)
         self.source_lag = SourceLag(self.plan)
+        history = history_folder(self.home, self.plan.fingerprint)
+        exported_s = None
+        if self.fresh or (self.plan.cutovers and not history.is_dir()):
+            exported_s = self._start_generation(history)
         sink = RedisSink(client, self.target.project, self.target.key_ttl_s)
         self.writer = WindowWriter(self.plan, sink, self.metrics, self.settings)
+        self.state = "loading history"
+        self._write_status()
+        self.bootstrap = {**self.writer.load_history(history), "export_s": exported_s}
         self.state = "catching up"
         self._write_status()
+        began = time.monotonic()
         self.writer.catch_up()
+        self.bootstrap["catch_up_s"] = round(time.monotonic() - began, 2)
         self.restored_from = latest_checkpoint(self.checkpoints)
         if self.restored_from:
             log.info("resuming from checkpoint %s", self.restored_from)
@@ -176,6 +215,25 @@ class StreamRunner:
         self.job = FlinkJob.start(self.plan, options, self.home / "flink-log", self.target.jobmanager,
                                   self.settings.parallelism)
         self.state = "running"
+
+    def _start_generation(self, history: Path) -> Optional[float]:
+        """Export the history tiles of a new generation (when its sources have history), then record it; returns
+        how long the export took."""
+        shutil.rmtree(history, ignore_errors=True)
+        seconds = None
+        if self.plan.cutovers:
+            if self.history is None:
+                raise StreamError(f"stream `{self.plan.name}` starts from history but was given none to read; "
+                                  "run it with `featurectl stream`")
+            self.state = "exporting history"
+            self._write_status()
+            began = time.monotonic()
+            self.history.export([(v.view, v.compiled) for v in self.plan.views], self.plan.cutovers, history)
+            seconds = round(time.monotonic() - began, 2)
+            log.info("exported the history tiles before the cutovers in %.1f s", seconds)
+        self.generation.save(self.home)
+        prune_history(self.home, self.plan.fingerprint)
+        return seconds
 
     def _loop(self, stop: threading.Event) -> None:
         next_status = next_check = 0.0
@@ -207,6 +265,18 @@ class StreamRunner:
             self.state = "stopped"
         self._write_status()
 
+    def _progress(self) -> dict:
+        """How far the stream is from having applied every event produced so far: the source offsets its last
+        checkpoint committed against the topics' ends, then (asked after them) the tile updates not yet read and
+        the entities not yet written."""
+        offsets = self.source_lag.offsets()
+        source_events = sum(end - applied for _, _, applied, end in offsets)
+        tile_updates = self.writer.tiles_behind()
+        unwritten = self.writer.unwritten()
+        return {"caught_up": source_events == 0 and tile_updates == 0 and unwritten == 0,
+                "source_events": source_events, "tile_updates": tile_updates, "unwritten_entities": unwritten,
+                "offsets": [{"topic": t, "partition": p, "applied": a, "end": e} for t, p, a, e in offsets]}
+
     def _checkpoint(self) -> Optional[dict]:
         latest = latest_checkpoint(self.checkpoints)
         if latest is None:
@@ -226,10 +296,12 @@ class StreamRunner:
             "consumer_groups": self.plan.consumer_groups,
             **self.metrics.snapshot(),
         }
-        if self.writer is not None and self.source_lag is not None:  # both open while running
+        status["generation"] = {"started_at": _iso(self.generation.started_ms),
+                                "cutovers": {s: _iso(ms) for s, ms in self.plan.cutovers.items()},
+                                "cutovers_ms": dict(self.plan.cutovers), "history": self.bootstrap}
+        if self.writer is not None and self.source_lag is not None and self.state == "running":
             try:
-                status["lag"] = {"source_events": self.source_lag.events(),
-                                 "tile_updates": self.writer.tiles_behind()}
+                status["lag"] = self._progress()
             except KafkaException as exc:  # Kafka away for a moment: the status goes out without the lag
                 log.warning("measuring the lag: %s", exc)
         if self.writer is not None:

@@ -7,7 +7,6 @@ import logging
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from dsl.compile_stream_source import lateness_ms
 from streaming.job_sql import JobPlan
 
 log = logging.getLogger(__name__)
@@ -18,10 +17,8 @@ HOUR_MS = 3_600_000
 def tiles_retention_ms(plan: JobPlan, topic: str) -> int:
     """A tile stays useful while it is in some window: the longest window (or ttl), the tile and its lateness,
     plus an hour of slack. Compaction keeps the latest version of each (entity, tile) meanwhile."""
-    view = next(v.view for v in plan.views if v.tiles_topic == topic)
-    longest = max([w.length for a in view.aggregations for w in a.parsed_windows]
-                  + ([view.ttl] if view.attributes else []))
-    return int((longest + view.tile).total_seconds() * 1000) + lateness_ms(view.source) + HOUR_MS
+    compiled = next(v.compiled for v in plan.views if v.tiles_topic == topic)
+    return compiled.longest_ms + compiled.tile_ms + compiled.lateness_ms + HOUR_MS
 
 
 def ensure_topics(plan: JobPlan, timeout_s: float = 30.0) -> None:
@@ -47,8 +44,8 @@ def ensure_topics(plan: JobPlan, timeout_s: float = 30.0) -> None:
 
 
 class SourceLag:
-    """Events in the source topics past the offsets the job committed at its latest checkpoint (so it moves in
-    checkpoint steps): small and steady when the job keeps up, growing when it does not."""
+    """Where the job stands in its source topics: the offsets it committed at its latest checkpoint (so they move
+    in checkpoint steps) against the topics' ends."""
 
     def __init__(self, plan: JobPlan):
         self.consumer = Consumer({"bootstrap.servers": plan.bootstrap_servers, "group.id": plan.group_id})
@@ -56,12 +53,15 @@ class SourceLag:
         self.partitions = [TopicPartition(s.source.kafka_topic, p) for s in plan.sources
                            for p in metadata.topics[s.source.kafka_topic].partitions]
 
-    def events(self) -> int:
-        lag = 0
+    def offsets(self) -> list[tuple[str, int, int, int]]:
+        """(topic, partition, offset the job has applied up to, end offset) per source partition. Flink commits an
+        offset once the checkpoint holding it completes, after its sinks have flushed every tile update of the
+        events before it: committed = end means every event produced so far is in the tile topics."""
+        out = []
         for tp in self.consumer.committed(self.partitions, timeout=10):
             low, high = self.consumer.get_watermark_offsets(tp, timeout=10)
-            lag += high - (tp.offset if tp.offset >= 0 else low)
-        return lag
+            out.append((tp.topic, tp.partition, tp.offset if tp.offset >= 0 else low, high))
+        return out
 
     def close(self) -> None:
         self.consumer.close()

@@ -10,21 +10,24 @@ Per entity and window length the writer keeps one accumulator per tile column: i
 min/max/last/HLL only grow while the window's tiles do (a tile update always carries more events than the one it
 replaces, see `apply`) and are rebuilt from the remaining tiles when a tile leaves. Float sums are re-added with
 `math.fsum` (exact, in any order). Final values come from `dsl.aggregates.finalize`, as in every other runtime.
+
+A stream with history starts from the batch side's tiles of the same compiled query (`load_history`): the tiles
+before its source's cutover. The tile holding the cutover, when it does not start there, has events on both
+sides: its batch part (events before the cutover) is kept as a base that the stream's updates of that tile are
+combined with, so the tile counts every event once.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
-from dsl import aggregates
-from dsl.compile_flink import CompiledView
-from dsl.feature_view import FeatureView
-from dsl.features import Attribute
+from dsl import aggregates, sketch
+from dsl.compile_flink import CLOCK_COLUMN, EVENTS_COLUMN, CompiledView
 from dsl.types import ValueType
-from streaming.hll import HllUnion, delta_entries, estimates
-from streaming.job_sql import CLOCK_COLUMN, EVENTS_COLUMN
+from streaming.hll import HllUnion, estimates
 
 SUM_INT, SUM_FLOAT, MIN, MAX, LAST, HLL, BOOKKEEPING = range(7)
 _MERGES = {"min": MIN, "max": MAX, "last": LAST, "hll": HLL}
@@ -42,24 +45,23 @@ class FeatureSpec:
 
 
 class ViewLayout:
-    """What the writer needs to know about a view: tile size, window lengths, features, tile column merges."""
+    """What the writer needs to know about a view: tile size, window lengths, features, tile column merges; all
+    from its compiled form."""
 
-    def __init__(self, view: FeatureView, compiled: CompiledView):
-        self.view = view
-        self.tile_ms = int(view.tile.total_seconds() * 1000)
+    def __init__(self, compiled: CompiledView):
+        self.name = compiled.view
+        self.tile_ms = compiled.tile_ms
         self.key_columns = compiled.key_columns
+        self.join_keys = dict(zip(compiled.key_columns, compiled.key_types))
         self.column_names = [c.name for c in compiled.tile_columns]
         index = {name: j for j, name in enumerate(self.column_names)}
         self.events_column, self.clock_column = index[EVENTS_COLUMN], index[CLOCK_COLUMN]
         self.merges = [self._merge(c) for c in compiled.tile_columns]
         self.hll_columns = [j for j, m in enumerate(self.merges) if m == HLL]
-        by_base: dict[str, dict[str, int]] = {}
-        for j, column in enumerate(compiled.tile_columns):
-            by_base.setdefault(column.base, {})[column.partial.suffix] = j
-        raw_specs = self._raw_specs(view, by_base)
-        self.lengths = sorted({length for _, _, _, length, _ in raw_specs})
-        self.specs = [FeatureSpec(name, op, kind, self.lengths.index(length), columns)
-                      for name, op, kind, length, columns in raw_specs]
+        self.lengths = sorted({w.tiles for w in compiled.windows})
+        self.specs = [FeatureSpec(w.name, w.op, w.kind, self.lengths.index(w.tiles),
+                                  {suffix: index[column] for suffix, column in w.partials.items()})
+                      for w in compiled.windows]
         self.slot_columns = [sorted({j for s in self.specs if s.slot == k for j in s.columns.values()})
                              for k in range(len(self.lengths))]
         self.longest = self.lengths[-1]
@@ -72,25 +74,26 @@ class ViewLayout:
             return SUM_INT if column.sql_type in ("BIGINT", "INT") else SUM_FLOAT
         return _MERGES[column.partial.merge]
 
-    @staticmethod
-    def _raw_specs(view: FeatureView, by_base: dict[str, dict[str, int]]) -> list[tuple]:
-        """(name, op, kind, window in tiles, columns) per output feature, in declaration order; an Attribute is
-        `last` over the view's ttl (as in the batch window builder)."""
-        kinds = view.output_schema()
-        out = []
-        for feature in view.features:
-            if isinstance(feature, Attribute):
-                name = feature.feature_names[0]
-                out.append((name, "last", kinds[name], max(1, view.ttl // view.tile), by_base[name]))
-                continue
-            for window in feature.parsed_windows:
-                name = feature.feature_name(window)
-                out.append((name, feature.op, kinds[name], window.length // view.tile, by_base[feature.base_name]))
-        return out
-
     @property
     def feature_names(self) -> list[str]:
         return [s.name for s in self.specs]
+
+    def combine(self, base: tuple, part: tuple) -> tuple:
+        """One tile from its two parts: `base` (events before the cutover) and `part` (events at or after it)."""
+        out = []
+        for j, (a, b) in enumerate(zip(base, part)):
+            merge = self.merges[j]
+            if a is None or b is None:
+                out.append(b if a is None else a)
+            elif merge in (SUM_INT, SUM_FLOAT) or j == self.events_column:
+                out.append(a + b)
+            elif merge == MIN:
+                out.append(min(a, b))
+            elif merge == HLL:
+                out.append(sketch.merge_sketches([a, b]))
+            else:  # MAX, the clock, and LAST: every event of `part` is later than every event of `base`
+                out.append(b if merge == LAST else max(a, b))
+        return tuple(out)
 
 
 class _Entity:
@@ -119,8 +122,44 @@ class WindowState:
         self.current: Optional[int] = None
         self.head_ms: Optional[int] = None  # greatest event time seen
         self.dirty: set[tuple] = set()
+        self.bases: dict[tuple[tuple, int], tuple] = {}  # (entity, tile) -> batch part of the cutover's tile
+        self.refused: list[tuple[int, tuple]] = []  # heap of (Redis's `_ts`, entity) whose write it refused
         # Per feature: op, window slot, (partial suffix, tile column) pairs, and a reused input of `finalize`.
         self._plan = [(s.op, s.slot, tuple(s.columns.items()), {}) for s in layout.specs]
+
+    def load_history(self, rows: Iterable[tuple[tuple, int, tuple]], cutover_ms: int) -> int:
+        """Seed the windows with the batch side's tiles (key, tile start, values) of events before `cutover_ms`,
+        before any stream update; returns the entities seeded, every one of them then to be written. The clock
+        starts at the greatest event time of the history."""
+        layout = self.layout
+        straddled = cutover_ms // layout.tile_ms if cutover_ms % layout.tile_ms else None
+        by_entity: dict[tuple, dict[int, tuple]] = {}
+        head = self.head_ms
+        for key, tile_start, values in rows:
+            tile = tile_start // layout.tile_ms
+            by_entity.setdefault(key, {})[tile] = values
+            clock = values[layout.clock_column]
+            if clock is not None and (head is None or clock > head):
+                head = clock
+            if tile == straddled:
+                self.bases[(key, tile)] = values
+        if head is None:
+            return 0
+        self.head_ms = head
+        self.advance(head // layout.tile_ms)
+        first = self.current - layout.longest + 1
+        for key, tiles in by_entity.items():
+            kept = {t: v for t, v in tiles.items() if first <= t <= self.current}
+            if not kept:
+                continue
+            entity = self.entities[key] = _Entity(layout)
+            entity.tiles = kept
+            for t in kept:
+                self.index.setdefault(t, set()).add(key)
+            for slot in range(len(layout.lengths)):
+                self._rebuild(entity, slot, sums=True)
+            self.dirty.add(key)
+        return len(self.dirty)
 
     def apply(self, key: tuple, tile_start: int, values: tuple) -> int:
         """Take one tile update; returns the events it adds, 0 when it is stale (no more events than the version
@@ -138,13 +177,17 @@ class WindowState:
         entity = self.entities.get(key)
         if entity is None:
             entity = self.entities[key] = _Entity(layout)
+        if self.bases:
+            base = self.bases.get((key, tile))
+            if base is not None:
+                values = layout.combine(base, values)
         old = entity.tiles.get(tile)
         events = layout.events_column
         if old is not None and values[events] <= old[events]:
             return 0
         entity.tiles[tile] = values
         self.index.setdefault(tile, set()).add(key)
-        deltas = {j: delta_entries(values[j], old[j] if old is not None else None)
+        deltas = {j: sketch.raised_entries(values[j], old[j] if old is not None else None)
                   for j in layout.hll_columns if values[j]}
         for slot, length in enumerate(layout.lengths):
             if tile > self.current - length:
@@ -205,6 +248,7 @@ class WindowState:
         for t in [t for t in self.index if t <= tile - self.layout.longest]:
             for key in self.index.pop(t):
                 del self.entities[key].tiles[t]
+                self.bases.pop((key, t), None)
         for key, slots in touched.items():
             entity = self.entities[key]
             for slot in slots:
@@ -216,13 +260,16 @@ class WindowState:
             if self.layout.merges[j] == SUM_INT:
                 acc[j] -= values[j] or 0
 
-    def _rebuild(self, entity: _Entity, slot: int) -> None:
-        """Recompute the accumulators that cannot subtract (all but integer sums) from the window's tiles."""
+    def _rebuild(self, entity: _Entity, slot: int, sums: bool = False) -> None:
+        """Recompute the accumulators that cannot subtract (all but integer sums, unless `sums`) from the window's
+        tiles."""
         acc = entity.acc[slot]
         tiles = self._window_tiles(entity, slot)
         for j in self.layout.slot_columns[slot]:
             merge = self.layout.merges[j]
             if merge == SUM_INT:
+                if sums:
+                    acc[j] = sum(values[j] or 0 for _, values in tiles)
                 continue
             if merge == SUM_FLOAT:
                 acc[j] = self._fsum(entity, slot, j)
@@ -244,9 +291,18 @@ class WindowState:
         union.add(value)
         return union
 
+    def write_again_at(self, key: tuple, stored_ms: int) -> None:
+        """Redis refused this entity's values: it holds newer ones (`_ts` = `stored_ms`), from materialization or
+        a faster writer. Write it again once the clock reaches them, so it does not keep those values when its
+        own change before that instant is the last it has."""
+        heapq.heappush(self.refused, (stored_ms, key))
+
     def take_dirty(self) -> list[tuple[tuple, list[Any]]]:
-        """(key, feature values) of every entity whose values may have changed since the last call; entities
-        left without tiles are written once (empty windows) and forgotten."""
+        """(key, feature values) of every entity whose values may have changed since the last call, or whose
+        refused write is due again; entities left without tiles are written once (empty windows) and
+        forgotten."""
+        while self.refused and self.head_ms is not None and self.refused[0][0] <= self.head_ms:
+            self.dirty.add(heapq.heappop(self.refused)[1])
         rows: list[tuple[tuple, list[Any]]] = []
         pending: list[tuple[list[Any], int, HllUnion]] = []
         for key in self.dirty:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from redis.exceptions import ConnectionError, TimeoutError
 
+from streaming.bootstrap import read_tiles
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
 from streaming.metrics import StreamMetrics
@@ -31,7 +33,8 @@ REDIS_CHECK_S = 1.0
 
 class _View:
     def __init__(self, job, metrics: StreamMetrics):
-        self.layout = ViewLayout(job.view, job.compiled)
+        self.compiled = job.compiled
+        self.layout = ViewLayout(job.compiled)
         self.state = WindowState(self.layout)
         self.decoder = TileDecoder(self.layout)
         self.counters = metrics.views[job.view.name]
@@ -67,6 +70,7 @@ class WindowWriter:
         self._redis_run_id = self._run_id()
         self._redis_checked = time.monotonic()
         self.views = {job.tiles_topic: _View(job, metrics) for job in plan.views}
+        self.cutovers = dict(plan.cutovers)
         common = {"bootstrap.servers": plan.bootstrap_servers, "enable.auto.commit": False,
                   "group.id": f"featurectl-writer-{plan.fingerprint}", "fetch.wait.max.ms": 10}
         self.tiles = Consumer({**common, "isolation.level": "read_uncommitted"})
@@ -77,6 +81,23 @@ class WindowWriter:
     def _partitions(self, topics: list[str]) -> list[TopicPartition]:
         metadata = self.tiles.list_topics(timeout=30)
         return [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in metadata.topics[t].partitions]
+
+    def load_history(self, folder: Path) -> dict:
+        """Seed every view's windows with its history tiles (`<folder>/<view>/`, tiles before its source's
+        cutover); returns what was loaded and how long it took."""
+        began = time.monotonic()
+        loaded = {}
+        for view in self.views.values():
+            cutover = self.cutovers.get(view.compiled.source)
+            if cutover is None:
+                continue
+            rows = list(read_tiles(folder / view.compiled.view, view.compiled))
+            loaded[view.layout.name] = {"tiles": len(rows), "entities": view.state.load_history(rows, cutover)}
+        seconds = time.monotonic() - began
+        if loaded:
+            log.info("history loaded in %.1f s: %s", seconds, ", ".join(
+                f"{name}: {n['entities']} entities, {n['tiles']} tiles" for name, n in loaded.items()))
+        return {"views": loaded, "load_s": round(seconds, 2)}
 
     def catch_up(self, timeout_s: float = 600.0) -> int:
         """Read every tile update written so far without writing Redis, then write every entity once."""
@@ -98,7 +119,7 @@ class WindowWriter:
             view.counters.history.clear()
         self._flush([])
         log.info("caught up on %d tile updates (%s)", applied, ", ".join(
-            f"{v.layout.view.name}: {len(v.state.entities)} entities" for v in self.views.values()))
+            f"{v.layout.name}: {len(v.state.entities)} entities" for v in self.views.values()))
         return applied
 
     def step(self, timeout_s: float = 0.1) -> int:
@@ -172,9 +193,11 @@ class WindowWriter:
             rows = view.state.take_dirty()
             if not rows:
                 continue
-            written = self.sink.send(self.sink.commands(view.layout, rows, view.state.head_ms))
-            view.counters.writes += written
-            view.counters.refused += len(rows) - written
+            refused = self.sink.send(self.sink.commands(view.layout, rows, view.state.head_ms))
+            view.counters.writes += len(rows) - len(refused)
+            view.counters.refused += len(refused)
+            for position, stored_ms in refused:
+                view.state.write_again_at(rows[position][0], stored_ms)
         self._flushed = time.monotonic()
         if clocks:
             self.metrics.record_lags(int(time.time() * 1000), clocks)
@@ -187,16 +210,21 @@ class WindowWriter:
             self.metrics.dead_letters[reason] = self.metrics.dead_letters.get(reason, 0) + 1
 
     def tiles_behind(self) -> int:
-        """Tile updates written to the topics and not read yet: above zero and growing, the writer is behind."""
+        """Tile updates written to the topics and not read yet (the topics' ends asked of the broker): above zero
+        and growing, the writer is behind."""
         behind = 0
         for tp in self.tiles.position(self.tiles.assignment()):
-            high = self.tiles.get_watermark_offsets(tp, timeout=5, cached=True)[1]
+            high = self.tiles.get_watermark_offsets(tp, timeout=5)[1]
             behind += max(0, high - max(tp.offset, 0))
         return behind
 
+    def unwritten(self) -> int:
+        """Entities whose new values are not in Redis yet."""
+        return sum(len(view.state.dirty) for view in self.views.values())
+
     def held(self) -> dict[str, dict]:
         """Per view: entities and tiles in memory, and the clock (greatest event time, ms)."""
-        return {v.layout.view.name: {"entities": len(v.state.entities), "tiles": v.state.tiles_held(),
+        return {v.layout.name: {"entities": len(v.state.entities), "tiles": v.state.tiles_held(),
                                      "clock_ms": v.state.head_ms} for v in self.views.values()}
 
     def close(self) -> None:

@@ -44,8 +44,9 @@ def _empty(kind: str) -> Any:
 
 
 def _sources_of(view: FeatureView) -> dict[str, tuple[Any, Any]]:
-    """Tile base name -> (filter, input column or None)."""
-    out = {}
+    """Tile base name -> (filter, input column or None); the two bookkeeping partials count every event and take
+    the greatest event time."""
+    out = {"__events": (None, None), "__clock": (None, view.source.timestamp_field)}
     for feature in view.features:
         if isinstance(feature, Attribute):
             out[feature.feature_names[0]] = (None, feature.column)

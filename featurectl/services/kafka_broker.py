@@ -96,7 +96,8 @@ class KafkaBroker(LocalService):
         """Write the KRaft metadata (meta.properties) once; later starts reuse the same cluster id."""
         if (self.data_dir / "meta.properties").exists():
             return
-        argv = self.java("kafka.tools.StorageTool", "format", "--cluster-id", cluster_id(),
+        # `--cluster-id=ID`: an id may start with '-', which argparse would take for an option.
+        argv = self.java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id()}",
                          "--config", str(self.props_file))
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:

@@ -24,7 +24,7 @@ from batch.windows import offline_schema
 from cli_helpers import ROOT, featurectl
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
-from dsl.compile_flink import source_path
+from dsl.compile_flink import SourceSettings, compile_view, source_path
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,8 @@ def test_rows_are_the_change_boundaries_with_the_values_as_of_each(example_repo,
     target, events = backfilled.target, backfilled.events
     view = example_repo.view(view_name)
     table = read_offline(target.data_dir, view)
-    assert table.drop_columns(["date"]).schema == offline_schema(view)
+    compiled = compile_view(view, SourceSettings("", target.data_dir))
+    assert table.drop_columns(["date"]).schema == offline_schema(compiled)
     assert_rows_match_oracle(view, table, events[view.source.name], T0_MS, T1_MS)
     for part in offline_table_path(target.data_dir, view).glob("date=*/*.parquet"):
         stamps = pq.read_table(part).column(EVENT_TIMESTAMP)

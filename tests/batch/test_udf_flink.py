@@ -1,7 +1,10 @@
-"""The Java SQL functions (udf/) in Flink batch mode: sketches byte-identical to dsl.sketch, LAST_BY order-free."""
+"""The Java SQL functions (udf/) in Flink batch mode: sketches byte-identical to dsl.sketch, LAST_BY order-free,
+events parsed strictly (a value of any other JSON type than its column's is an error, never a cast)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -176,3 +179,82 @@ def test_two_phase_aggregation_merges_accumulators(env, events):
         conf.set("table.optimizer.agg-phase-strategy", "AUTO")
     assert got == tumble_oracle(events)
     assert bytes(merged[0][0]) == python_sketch(v for _, v, _ in events)
+
+
+EVENT_SPEC = json.dumps({"columns": [["s", "STRING"], ["i", "INT"], ["l", "BIGINT"], ["f", "FLOAT"],
+                                     ["d", "DOUBLE"], ["b", "BOOLEAN"], ["ts", "BIGINT"]],
+                         "required": ["s", "ts"]})
+GOOD = {"s": "x", "ts": 1000}
+# payload -> (columns s, i, l, f, d, b, ts as parsed, __error)
+PARSED = [
+    (json.dumps({"s": "é😀", "i": -5, "l": 2**63 - 1, "f": 1.5, "d": 2, "b": True, "ts": 1000, "extra": [{}]}),
+     ("é😀", -5, 2**63 - 1, 1.5, 2.0, True, 1000, None)),
+    (json.dumps({"s": "é😀", "b": False, "ts": -3}, ensure_ascii=False),
+     ("é😀", None, None, None, None, False, -3, None)),
+    (b"\xef\xbb\xbf" + json.dumps(GOOD).encode(), ("x", None, None, None, None, None, 1000, None)),  # UTF-8 BOM
+    (json.dumps({**GOOD, "l": "x", "l2": 1}).replace('"l2"', '"l"'), ("x", None, 1, None, None, None, 1000, None)),
+    (json.dumps({**GOOD, "l": 12.5}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": 12.0}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": 1e3}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": "42"}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": True}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": 2**63}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": [1]}), "wrong_type:l"),
+    (json.dumps({**GOOD, "l": {"v": 1}}), "wrong_type:l"),
+    (json.dumps({**GOOD, "i": 2**31}), "wrong_type:i"),
+    (json.dumps({**GOOD, "s": 3}), "wrong_type:s"),
+    (json.dumps({**GOOD, "s": False}), "wrong_type:s"),
+    (json.dumps({**GOOD, "d": "1.5"}), "wrong_type:d"),
+    (json.dumps({**GOOD, "d": True}), "wrong_type:d"),
+    ('{"s": "x", "ts": 1000, "d": 1e400}', "wrong_type:d"),
+    (json.dumps({**GOOD, "f": 1e39}), "wrong_type:f"),
+    (json.dumps({**GOOD, "b": 1}), "wrong_type:b"),
+    (json.dumps({**GOOD, "b": "true"}), "wrong_type:b"),
+    (json.dumps({**GOOD, "ts": 1.7e12}), "wrong_type:ts"),
+    (json.dumps({**GOOD, "ts": 1000.0}), "wrong_type:ts"),
+    (json.dumps({**GOOD, "ts": "1000"}), "wrong_type:ts"),
+    (json.dumps({**GOOD, "ts": True}), "wrong_type:ts"),
+    (json.dumps({"ts": 1000}), "missing_field:s"),
+    (json.dumps({**GOOD, "s": None}), "missing_field:s"),
+    (json.dumps({"s": "x", "l": 1.5}), "missing_field:ts"),  # missing fields come first
+    (json.dumps({**GOOD, "i": "1", "l": "2"}), "wrong_type:i"),  # then wrong types, in column order
+    (b"", "malformed_json"), (b"[1, 2]", "malformed_json"), (b'"x"', "malformed_json"),
+    (b'{"s": "x", "ts": ', "malformed_json"), (json.dumps(GOOD).encode() + b" {}", "malformed_json"),
+    (b"\xff\xfe" + json.dumps(GOOD).encode(), "malformed_json"),
+    (json.dumps(GOOD).encode("utf-16"), "malformed_json"), (b'{"s": "a\x00", "ts": 1}', "malformed_json"),
+    (b'{"s": "\xc3\x28", "ts": 1000}', "malformed_json"),  # invalid UTF-8 in a value
+    (b"{'s': 'x', 'ts': 1000}", "malformed_json"), (b'{"s": "x", "ts": NaN}', "malformed_json"),
+    (None, "malformed_json"),
+]
+
+
+def test_parse_event_takes_values_only_of_exactly_their_type(env):
+    from pyflink.table import DataTypes
+
+    payloads = [(None if p is None else bytearray(p.encode() if isinstance(p, str) else p),) for p, _ in PARSED]
+    env.create_temporary_view("payloads", env.from_elements(
+        [(i, *p) for i, p in enumerate(payloads)],
+        DataTypes.ROW([DataTypes.FIELD("n", DataTypes.INT()), DataTypes.FIELD("p", DataTypes.BYTES())])))
+    spec = EVENT_SPEC.replace("'", "''")
+    got = dict((row[0], row[1:]) for row in query(env, f"SELECT k.n, e.* FROM payloads AS k, LATERAL TABLE("
+                                                       f"PARSE_EVENT(k.p, '{spec}')) AS e"))
+    for n, (payload, want) in enumerate(PARSED):
+        if isinstance(want, str):
+            assert got[n][-1] == want, payload
+        else:
+            assert got[n] == want, payload
+
+
+def test_parse_event_refuses_a_bad_spec(env):
+    with pytest.raises(Exception, match="unknown column type `DECIMAL`"):
+        query(env, "SELECT e.* FROM (VALUES (X'7B7D')) AS k(p), LATERAL TABLE(PARSE_EVENT(k.p, "
+                   "'{\"columns\": [[\"a\", \"DECIMAL\"]], \"required\": []}')) AS e")
+
+
+def test_dead_letter_payloads_keep_the_original_bytes(env):
+    text = "é" * 9000  # 18,000 bytes: cut at 16,384 bytes, which falls between the two bytes of one é
+    rows = query(env, f"SELECT PAYLOAD_TEXT(p, 16384), PAYLOAD_ENCODING(p, 16384) FROM (VALUES "
+                      f"(X'{text.encode().hex()}'), (X'ff00c328'), (X'7b7d'), (CAST(NULL AS BYTES))) AS t(p)")
+    assert rows[0] == ("é" * 8192, "utf-8")
+    assert rows[1] == (base64.b64encode(b"\xff\x00\xc3\x28").decode(), "base64")
+    assert rows[2] == ("{}", "utf-8") and rows[3] == (None, None)

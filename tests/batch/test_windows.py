@@ -87,7 +87,7 @@ def test_rows_equal_the_raw_event_oracle(view, seed, chunk_tiles):
     rows = random_events(seed)
     compiled = tile_oracle.compiled_for(view, Path("/nowhere"))
     end = T0_MS + 40 * MINUTE_MS
-    table = pa.concat_tables(t for t, _ in offline_rows(view, compiled, tile_table(view, rows), T0_MS, end,
+    table = pa.concat_tables(t for t, _ in offline_rows(compiled, tile_table(view, rows), T0_MS, end,
                                                         chunk_tiles=chunk_tiles))
     per_entity = window_oracle.by_entity(view, rows)
     keys = list(view.entity.join_keys)
@@ -106,7 +106,7 @@ def test_an_entity_whose_only_tile_is_the_oldest_in_the_longest_window_gets_a_fi
     rows = [{"kind": "a", "number": 1, "label": "x", "amount": 1.0, "size": 2, "at": T0_MS - 10 * MINUTE_MS},
             {"kind": "b", "number": 1, "label": "y", "amount": 1.0, "size": 2, "at": T0_MS - 11 * MINUTE_MS}]
     compiled = tile_oracle.compiled_for(every_op, Path("/nowhere"))
-    table = pa.concat_tables(t for t, _ in offline_rows(every_op, compiled, tile_table(every_op, rows), T0_MS,
+    table = pa.concat_tables(t for t, _ in offline_rows(compiled, tile_table(every_op, rows), T0_MS,
                                                         T0_MS + 5 * MINUTE_MS))
     assert table.select(["kind", "count_10m", "label_min_10m"]).to_pylist() == [
         {"kind": "a", "count_10m": 1, "label_min_10m": "x"},   # the row at T0: its tile is still in the window

@@ -32,17 +32,18 @@ def compiled():
 def test_same_query_text_in_both_modes(compiled):
     streaming, batch = compiled.statements("streaming"), compiled.statements("batch")
     assert streaming[-1] == batch[-1] == compiled.tile_query
-    assert streaming[:-5] == batch[:-2] == list(compiled.function_ddl)
-    assert streaming[-5:-1] == list(compiled.streaming_source.ddl)
+    assert streaming[:-4] == batch[:-2] == list(compiled.function_ddl)
+    assert streaming[-4:-1] == list(compiled.streaming_source.ddl)
 
 
 def test_streaming_source_is_the_relation_the_stream_job_runs(compiled):
-    kafka, raw, checked, on_time = compiled.streaming_source.ddl
+    kafka, checked, on_time = compiled.streaming_source.ddl
     assert compiled.streaming_source == source_relation(EVENTS, KafkaRead("127.0.0.1:19092", "featurectl", {
         "scan.startup.mode": "group-offsets", "properties.auto.offset.reset": "earliest"}), ("shop", "item"))
     assert kafka.startswith("CREATE TEMPORARY TABLE `clicks__kafka` (")
     assert "'topic' = 'clicks-v1'" in kafka and "'properties.bootstrap.servers' = '127.0.0.1:19092'" in kafka
-    assert "'topic' = 'clicks-v1'" in raw and "'format' = 'raw'" in raw
+    assert "'format' = 'raw'" in kafka and "`__payload` BYTES" in kafka
+    assert "LATERAL TABLE(PARSE_EVENT(k.`__payload`, " in checked
     assert on_time.startswith("CREATE TEMPORARY VIEW `clicks` AS")
     assert "CURRENT_WATERMARK" not in "\n".join(compiled.statements("streaming"))
 
@@ -50,13 +51,13 @@ def test_streaming_source_is_the_relation_the_stream_job_runs(compiled):
 def test_streaming_view_drops_events_later_than_delay_plus_allowed_lateness(compiled):
     on_time = compiled.streaming_source.ddl[-1]
     assert on_time.endswith("WHERE `__error` IS NULL AND `ts` >= `__max_seen` - 40000")  # 10s delay + 30s lateness
-    assert "WHEN `shop` IS NULL THEN 'missing_field:shop'" in compiled.streaming_source.ddl[2]
+    assert '"required": ["shop", "item", "ts"]' in compiled.streaming_source.ddl[1]
 
 
 def test_source_keys_widen_the_required_fields():
     view = FeatureView("v", ITEM, EVENTS, features=[Aggregation("count", windows=["1h"])])
-    checked = compile_view(view, SETTINGS, source_keys=("shop", "item", "user")).streaming_source.ddl[2]
-    assert "WHEN `user` IS NULL THEN 'missing_field:user'" in checked
+    checked = compile_view(view, SETTINGS, source_keys=("shop", "item", "user")).streaming_source.ddl[1]
+    assert '"required": ["shop", "item", "user", "ts"]' in checked
 
 
 def test_batch_ddl_reads_parquet_with_the_columns_the_streaming_view_has(compiled):
@@ -80,7 +81,7 @@ def test_tile_query_groups_by_all_join_keys_and_epoch_aligned_tile(compiled):
 def test_partials_per_op(compiled):
     names = [c.name for c in compiled.tile_columns]
     assert names == ["qty_sum__sum", "price_mean__sum", "price_mean__count", "buyers__hll", "count__count",
-                     "last_price__last"]
+                     "last_price__last", "__events__count", "__clock__max"]
     query = compiled.tile_query
     assert ("SUM(CASE WHEN (`price` > 1.5 AND `user` <> 'bot') THEN CAST(`qty` AS BIGINT) END) "
             "AS `qty_sum__sum`") in query
@@ -89,9 +90,32 @@ def test_partials_per_op(compiled):
     assert "HLL_SKETCH(`user`) AS `buyers__hll`" in query
     assert "COUNT(1) AS `count__count`" in query
     assert "LAST_BY(`price`, `__rowtime`) AS `last_price__last`" in query
+    assert "COUNT(*) AS `__events__count`" in query and "MAX(`ts`) AS `__clock__max`" in query
     types = {c.name: c.sql_type for c in compiled.tile_columns}
     assert types["qty_sum__sum"] == "BIGINT" and types["buyers__hll"] == "BYTES"
     assert types["last_price__last"] == "DOUBLE"
+
+
+def test_window_specs_are_compiled_once_for_both_runtimes(compiled):
+    specs = {w.name: w for w in compiled.windows}
+    assert [w.name for w in compiled.windows] == ["qty_sum_1h", "qty_sum_24h", "price_mean_1h", "buyers_24h",
+                                                  "count_10m", "last_price"]
+    assert (specs["qty_sum_24h"].op, specs["qty_sum_24h"].tiles, specs["qty_sum_24h"].kind) == ("sum", 288, Int64)
+    assert specs["price_mean_1h"].partials == {"sum": "price_mean__sum", "count": "price_mean__count"}
+    assert specs["buyers_24h"].partials == {"hll": "buyers__hll"}
+    assert (specs["last_price"].op, specs["last_price"].tiles) == ("last", 7 * 288)  # the default ttl, 7 days
+    assert (compiled.tile_ms, compiled.ttl_ms, compiled.lateness_ms) == (300_000, 7 * 86_400_000, 40_000)
+    assert compiled.longest_tiles == 7 * 288 and compiled.key_types == (String, Int32)
+
+
+def test_a_cutover_keeps_earlier_kafka_events_out_of_the_stream():
+    view = FeatureView("v", ITEM, EVENTS, features=[Aggregation("count", windows=["1h"])])
+    placed = SourceSettings("127.0.0.1:19092", Path("/data"), cutovers={"clicks": 1_767_225_600_123})
+    relation = compile_view(view, placed).streaming_source
+    assert relation.ddl[-1].endswith("AND `ts` >= 1767225600123")
+    assert relation.dead_letter_query.endswith(
+        "WHERE `__error` IS NOT NULL OR (NOT (`ts` >= `__max_seen` - 40000) AND `ts` >= 1767225600123)")
+    assert "1767225600123" not in compile_view(view, SETTINGS).streaming_source.ddl[-1]
 
 
 def test_string_literals_are_escaped():

@@ -76,6 +76,9 @@ class Env:
         letters = stream_env.dead_letters(self.repo.topic, len(self.log.dead), 90.0, self.services.bootstrap)
         assert {d["kafka_offset"]: d["reason"] for d in letters} == self.log.dead
         assert len(letters) == len(self.log.dead), "a dead letter was written twice"
+        for letter in letters:  # the original bytes, never a re-serialization
+            assert (letter["payload"], letter["payload_encoding"]) == stream_env.dead_payload(
+                self.log.payloads[letter["kafka_offset"]]), letter["kafka_offset"]
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +114,12 @@ def test_fuzzed_events_are_dead_letters_with_reasons_and_good_events_all_count(e
     log.bad(b"x" * 900_000, "malformed_json")
     log.bad(b'"' * 600_000, "malformed_json")  # twice as long once escaped in its dead letter
     log.bad(b"", "malformed_json")
-    for value in (True, [1], {"ms": 1}, "12 s"):  # (1.5 is read as 1, as Flink casts it)
+    for value in (True, [1], {"ms": 1}, "12 s", 12.5, 12.0, "42"):  # strict: never a cast
         log.bad(json.dumps({**template, "dwell_ms": value}).encode(), "wrong_type:dwell_ms")
-    for value in (False, [template["event_time"]], "now"):
+    for value in (False, [template["event_time"]], "now", float(template["event_time"]), str(template["event_time"])):
         log.bad(json.dumps({**template, "event_time": value}).encode(), "wrong_type:event_time")
+    for value in (3, True):
+        log.bad(json.dumps({**template, "event_type": value}).encode(), "wrong_type:event_type")
     log.event({**template, "padding": "p" * 900_000})  # huge but valid: it counts
     for ts in (4_102_444_800_000, 10**18, 2**63 - 1):  # 2100, and beyond any calendar
         log.future({**template, "event_time": ts})

@@ -7,6 +7,7 @@ suites can run side by side against the same local services.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import signal
@@ -205,6 +206,20 @@ def dead_letters(topic: str, expected: int, timeout_s: float = 60.0, bootstrap: 
     finally:
         consumer.close()
     return out
+
+
+def dead_payload(payload: Optional[bytes], limit: int = 16_384) -> tuple[Optional[str], Optional[str]]:
+    """(payload, payload_encoding) of a dead letter, as the README states them: the payload's first `limit` bytes
+    (less a character the cut would split) as text when they are UTF-8, else its first `limit` bytes in base64."""
+    if payload is None:
+        return None, None
+    cut = limit
+    while len(payload) > limit and cut > limit - 3 and payload[cut] & 0xC0 == 0x80:
+        cut -= 1
+    try:
+        return payload[:cut].decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(payload[:limit]).decode(), "base64"
 
 
 def served(project: str, view: FeatureView, keys: list[str], redis_port: int = REDIS_PORT) -> dict[str, dict[str, Any]]:

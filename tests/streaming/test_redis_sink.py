@@ -12,7 +12,6 @@ from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float6
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
 from serving import redis_layout as layout
-from streaming.job_sql import with_bookkeeping
 from streaming.redis_sink import RedisSink
 from streaming.windows import ViewLayout
 
@@ -30,7 +29,7 @@ T = 1_767_225_600_000
 def sink_env(local_services):
     client = redis.Redis(*local_services.redis_host_port)
     project = f"sink_{uuid.uuid4().hex[:8]}"
-    view_layout = ViewLayout(VIEW, compile_view(with_bookkeeping(VIEW), SourceSettings("x:1", Path("/"))))
+    view_layout = ViewLayout(compile_view(VIEW, SourceSettings("x:1", Path("/"))))
     yield client, project, view_layout
     for key in client.scan_iter(match=f"*{project}".encode(), count=1_000):
         client.delete(key)
@@ -44,8 +43,9 @@ def _row(layout_: ViewLayout, shop: str, revenue: float, kind: str) -> tuple:
 def test_rows_land_in_feast_layout_and_older_ones_are_refused(sink_env):
     client, project, view_layout = sink_env
     sink = RedisSink(client, project)
-    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 2.5, "buy")], T)) == 1
-    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 9.0, "late")], T - 60_000)) == 0
+    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 2.5, "buy")], T)) == []
+    older = [_row(view_layout, "s2", 1.0, "new"), _row(view_layout, "s1", 9.0, "late")]
+    assert sink.send(sink.commands(view_layout, older, T - 60_000)) == [(1, T)]  # refused, with Redis's `_ts`
     key = layout.KeyEncoder(project, {"shop": ValueType.STRING}).key(["s1"])
     assert layout.decode_value(client.hget(key, layout.field_name("shop_orders", "revenue_10m"))) == 2.5
     assert layout.decode_value(client.hget(key, layout.field_name("shop_orders", "last_kind"))) == "buy"
@@ -56,9 +56,9 @@ def test_written_keys_expire_after_the_key_ttl(sink_env):
     client, project, view_layout = sink_env
     sink = RedisSink(client, project, key_ttl_s=300)
     rows = [_row(view_layout, shop, 1.0, "view") for shop in ("s1", "s2")]
-    assert sink.send(sink.commands(view_layout, rows, T)) == 2
+    assert sink.send(sink.commands(view_layout, rows, T)) == []
     s1, s2 = layout.KeyEncoder(project, {"shop": ValueType.STRING}).keys([["s1", "s2"]])
     assert 290 <= client.ttl(s1) <= 300 and 290 <= client.ttl(s2) <= 300
     client.persist(s1)
-    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 5.0, "old")], T - 1)) == 0
+    assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 5.0, "old")], T - 1)) == [(0, T)]
     assert client.ttl(s1) == -1, "a refused (older) row does not touch the key"

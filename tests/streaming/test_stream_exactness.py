@@ -19,8 +19,8 @@ import pytest
 from cli_helpers import featurectl
 from featurectl.config import load_config
 from feature_repo.sample_data import SampleSpec, interaction_columns
-from stream_env import (LATENESS_MS, EventLog, StreamProcess, StreamRepo, boundary, dead_letters, expected,
-                        mismatches, produce, served)
+from stream_env import (LATENESS_MS, EventLog, StreamProcess, StreamRepo, boundary, dead_letters, dead_payload,
+                        expected, mismatches, produce, served)
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,10 @@ def phase_b(log: EventLog, rng: random.Random) -> None:
     log.bad(json.dumps({k: v for k, v in good.items() if k != "event_time"}).encode(), "missing_field:event_time")
     log.bad(json.dumps({**good, "dwell_ms": "slow"}).encode(), "wrong_type:dwell_ms")
     log.bad(json.dumps({**good, "event_time": "yesterday"}).encode(), "wrong_type:event_time")
+    log.bad(json.dumps({**good, "dwell_ms": 12.5}).encode(), "wrong_type:dwell_ms")  # strict types: never cast
+    log.bad(json.dumps({**good, "dwell_ms": "42"}).encode(), "wrong_type:dwell_ms")
+    log.bad(json.dumps({**good, "event_type": 3}).encode(), "wrong_type:event_type")
+    log.bad(json.dumps({**good, "event_time": float(good["event_time"])}).encode(), "wrong_type:event_time")
     for event in interactions(rng, 200, T0 + 150 * MINUTE, T0 + 155 * MINUTE, part=3):
         log.event(event)  # good events after the bad ones still count
 
@@ -139,9 +143,12 @@ def test_dead_letters_carry_the_reason_and_good_events_all_count(run):
     assert {d["kafka_offset"]: d["reason"] for d in letters} == log.dead
     assert sorted(set(log.dead.values())) == ["late", "malformed_json", "missing_field:asset_id",
                                               "missing_field:event_time", "missing_field:user_id",
-                                              "wrong_type:dwell_ms", "wrong_type:event_time"]
+                                              "wrong_type:dwell_ms", "wrong_type:event_time",
+                                              "wrong_type:event_type"]
     late = [d for d in letters if d["reason"] == "late"]
     assert late and all(json.loads(d["payload"])["asset_id"] for d in late)
+    for letter in letters:  # the original bytes of each payload, never a re-serialization
+        assert (letter["payload"], letter["payload_encoding"]) == dead_payload(log.payloads[letter["kafka_offset"]])
     status = run["stream"].wait(lambda s: s["dead_letters"]["total"] == len(log.dead), "dead letters counted")
     assert status["state"] == "running" and status["flink_status"] == "RUNNING"
     assert status["views"]["asset_activity"]["events"] == len(log.on_time)

@@ -11,8 +11,9 @@ import pytest
 from dsl import load_repo
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_stream_source import source_keys
-from streaming.job_sql import CLOCK_COLUMN, EVENTS_COLUMN, StreamDefinitionError, plan_job, with_bookkeeping
-from streaming.runner import StreamError, job_lock, lookback_ms
+from streaming.bootstrap import Generation
+from streaming.job_sql import StreamDefinitionError, plan_job
+from streaming.runner import StreamError, Target, job_lock, start_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = SourceSettings("127.0.0.1:19092", Path("/data"))
@@ -33,15 +34,17 @@ def test_the_job_runs_the_compilers_source_relation_with_its_own_group_and_start
     assert all(d in plan.ddl() for d in compiled.streaming_source.ddl)
     assert f"INSERT INTO `asset_interactions__dead_letters`\n{compiled.streaming_source.dead_letter_query}" \
         in plan.inserts()
-    assert "WHEN `user_id` IS NULL THEN 'missing_field:user_id'" in plan.sources[0].relation.ddl[2]
+    assert '"required": ["asset_id", "user_id", "event_time"]' in plan.sources[0].relation.ddl[1]
+    assert plan.consumer_groups == [plan.group_id] and plan.cutovers == {}
 
 
-def test_tile_queries_are_the_compilers_with_two_bookkeeping_columns(repo):
+def test_tile_queries_are_the_compilers_with_their_bookkeeping_columns(repo):
     view = repo.view("asset_activity")
     plan = plan_job("p", [view], repo.views, SETTINGS, STARTUP)
     names = [c.name for c in plan.views[0].compiled.tile_columns]
-    assert names == [c.name for c in compile_view(view, SETTINGS).tile_columns] + [EVENTS_COLUMN, CLOCK_COLUMN]
-    tile_query = compile_view(with_bookkeeping(view), SETTINGS).tile_query
+    assert names == [c.name for c in compile_view(view, SETTINGS).tile_columns]
+    assert names[-2:] == ["__events__count", "__clock__max"]
+    tile_query = compile_view(view, SETTINGS).tile_query
     assert plan.views[0].compiled.tile_query == tile_query
     inserts = plan.inserts()
     # only the tiles' state expires: 1 minute tile + 35 s lateness + 60 s margin after its last update
@@ -61,6 +64,10 @@ def test_fingerprint_follows_the_sql_not_the_start_position(repo):
     assert first.views[0].tiles_topic == f"featurectl.p.asset_activity.tiles-{first.fingerprint}"
     changed = dataclasses.replace(views[0], tile="5m")
     assert plan_job("p", [changed, views[1]], repo.views, SETTINGS, STARTUP).fingerprint != first.fingerprint
+    later = plan_job("p", views, repo.views, SETTINGS, STARTUP, generation=1)
+    assert later.fingerprint != first.fingerprint and later.group_id != first.group_id
+    cut = plan_job("p", views, repo.views, dataclasses.replace(SETTINGS, cutovers={"asset_interactions": 5}), STARTUP)
+    assert cut.fingerprint != first.fingerprint and cut.cutovers == {"asset_interactions": 5}
 
 
 def test_a_view_without_a_topic_cannot_stream(repo):
@@ -71,9 +78,16 @@ def test_a_view_without_a_topic_cannot_stream(repo):
         plan_job("p", [quiet], repo.views, SETTINGS, STARTUP)
 
 
-def test_a_job_without_a_checkpoint_reads_back_one_longest_window(repo):
-    day_and_more = (24 * 60 + 1) * 60_000 + 35_000
-    assert lookback_ms([repo.view("asset_activity")]) == day_and_more
+def test_a_new_generation_reads_back_one_longest_window_or_from_its_cutover(repo):
+    target = Target("p", None, SETTINGS, Path("/state"))
+    now, day_and_more = 10**13, (24 * 60 + 1) * 60_000 + 35_000
+    views = [repo.view("asset_activity")]
+    assert start_ms(target, views, Generation(now, {})) == now - day_and_more
+    # with history: from the hour an event time may lead its record before the cutover, if that is later
+    cutover = now - 600_000
+    assert start_ms(target, views, Generation(now, {"asset_interactions": cutover})) == cutover - 3_600_000
+    assert start_ms(target, views, Generation(now, {"asset_interactions": now - 3 * 86_400_000})) == \
+        now - day_and_more
 
 
 def test_one_runner_per_job(tmp_path):

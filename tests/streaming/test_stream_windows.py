@@ -13,7 +13,6 @@ import oracle as tile_oracle
 import window_oracle
 from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float64, Int64, String, Timestamp, col
 from dsl.compile_flink import SourceSettings, compile_view
-from streaming.job_sql import with_bookkeeping
 from streaming.windows import ViewLayout, WindowState
 
 MINUTE = 60_000
@@ -50,15 +49,14 @@ def make_events(rng: random.Random, n: int, minutes: int) -> list[dict]:
 def feed(state: WindowState, view: FeatureView, events: list[dict], cuts: list[int], replay_from: int = -1):
     """Tile versions as Flink would emit them: after each cut, the changed tiles of the prefix so far. With
     `replay_from`, the versions after that cut are sent a second time (a recovery), interleaved late."""
-    bookkept = with_bookkeeping(view)
     sent: list[list] = []
     previous: dict = {}
     for cut in cuts:
-        tiles = tile_oracle.tiles(bookkept, events[:cut], Path("/"))
+        tiles = tile_oracle.tiles(view, events[:cut], Path("/"))
         changed = [(key, values) for key, values in tiles.items() if previous.get(key) != values]
         previous = tiles
         sent.append(changed)
-    names = [c.name for c in compile_view(bookkept, SourceSettings("x:1", Path("/"))).tile_columns]
+    names = [c.name for c in compile_view(view, SourceSettings("x:1", Path("/"))).tile_columns]
     for i, changed in enumerate(sent):
         batch = changed + (sent[i - 2] if replay_from >= 0 and i >= replay_from + 2 else [])
         for (*key, start), values in batch:
@@ -88,8 +86,7 @@ def check(state: WindowState, view: FeatureView, served: dict, events: list[dict
 
 
 def new_state(view: FeatureView) -> WindowState:
-    compiled = compile_view(with_bookkeeping(view), SourceSettings("x:1", Path("/")))
-    return WindowState(ViewLayout(view, compiled))
+    return WindowState(ViewLayout(compile_view(view, SourceSettings("x:1", Path("/")))))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

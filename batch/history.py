@@ -1,0 +1,110 @@
+"""The history a stream starts from: per source, its cutover and the batch side's tiles of the events before it.
+
+The cutover of a source is one past the greatest event time in its Parquet history (capped at now): the history
+is taken as complete up to its last event, and everything from there on comes from Kafka. The tiles before the
+cutover are what a backfill computes: the same compiled tile queries, run here in one Flink batch job over the
+events in [cutover - longest window - tile, cutover), so a stream's windows start where the history left them.
+`featurectl stream` hands an object of this class to the stream runner, which decides when a stream needs it
+(first start, or after its state is gone).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from batch.backfill_log import BackfillLog
+from batch.flink_env import create_table_env
+from batch.tile_export import TileJob, export_tiles
+from dsl.compile_flink import CompiledView, source_path
+from dsl.feature_view import FeatureView
+from dsl.source import EventSource
+
+log = logging.getLogger(__name__)
+
+
+def _utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+class ParquetHistory:
+    """The Parquet history of a repo's sources (`data_dir`), and the backfill record that says which ranges of
+    each view's offline table were computed from it."""
+
+    def __init__(self, data_dir: Path, registry_url: str, project: str, *, jobmanager: Optional[str] = None,
+                 parallelism: int = 1):
+        self.data_dir = data_dir
+        self.registry_url = registry_url
+        self.project = project
+        self.jobmanager = jobmanager
+        self.parallelism = parallelism
+
+    def history_end(self, source: EventSource) -> Optional[int]:
+        """The greatest event time in the source's Parquet history, or None when it has none."""
+        folder = source_path(source, self.data_dir)
+        if not folder.is_dir():
+            return None
+        dataset = ds.dataset(folder, format="parquet")
+        if not dataset.files:
+            return None
+        column = dataset.to_table(columns=[source.timestamp_field]).column(0)
+        greatest = pc.max(column).as_py()
+        return None if greatest is None else int(greatest)
+
+    def cutovers(self, sources: Sequence[EventSource], now_ms: int) -> dict[str, int]:
+        """Per source with history: one past its last event, at most `now_ms`; sources without history are left
+        out (their streams count every Kafka event they read), with a warning."""
+        out = {}
+        for source in sources:
+            end = self.history_end(source)
+            if end is None:
+                log.warning("source `%s` has no history at %s: its windows start empty and count only the events "
+                            "the stream reads from Kafka; to start them from history, write its Parquet files "
+                            "there and run `featurectl stream --reset`", source.name,
+                            source_path(source, self.data_dir))
+                continue
+            if end >= now_ms:
+                log.warning("source `%s` has history up to %s, after now: the stream counts Kafka events from now "
+                            "on and takes the rest from the history", source.name, _utc(end))
+            out[source.name] = min(end + 1, now_ms)
+        return out
+
+    def export(self, views: Sequence[tuple[FeatureView, CompiledView]], cutovers: Mapping[str, int],
+               folder: Path) -> dict[str, Path]:
+        """Each view's tiles of the events before its source's cutover (enough for its longest window), as
+        Parquet files under `folder/<view>/`; views whose source has no cutover get none."""
+        jobs = []
+        for view, compiled in views:
+            cutover = cutovers.get(compiled.source)
+            if cutover is None:
+                continue
+            first = cutover // compiled.tile_ms * compiled.tile_ms - compiled.longest_ms
+            jobs.append(TileJob(view, compiled, first, cutover))
+        if not jobs:
+            return {}
+        env = create_table_env(streaming=False, parallelism=self.parallelism, jobmanager=self.jobmanager)
+        folders = export_tiles(env, jobs, folder)
+        self._warn_gaps(jobs)
+        return folders
+
+    def _warn_gaps(self, jobs: list[TileJob]) -> None:
+        """Say which parts of the history before a cutover no backfill computed: the stream is right without
+        them, but training sets and `featurectl materialize` read the offline table."""
+        backfills = BackfillLog(self.registry_url)
+        try:
+            for job in jobs:
+                start = dt.datetime.fromtimestamp(job.history_start_ms / 1000, dt.timezone.utc)
+                end = dt.datetime.fromtimestamp(job.end_ms / 1000, dt.timezone.utc)
+                for lo, hi in backfills.gaps(self.project, job.view.name, start, end):
+                    log.warning("view `%s`: no backfill covers %s to %s, before the stream's cutover; the stream "
+                                "starts from the Parquet history regardless, but training sets and materialize "
+                                "read the offline table: run `featurectl backfill --start %s --end %s --view %s`",
+                                job.view.name, lo.isoformat(), hi.isoformat(), lo.isoformat(), hi.isoformat(),
+                                job.view.name)
+        finally:
+            backfills.close()

@@ -12,6 +12,8 @@ The example's `asset_activity` view (windows 10m, 1h, 24h) over two days of inte
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +32,15 @@ EVENT_TYPES = np.array(["view", "view", "view", "like", "download", "generate"])
 
 
 def history(entities: int, events: int, end_ms: int, seed: int = 7) -> pa.Table:
-    """Interactions over the two days before `end_ms`: one per asset, the rest spread by a Zipf law."""
+    """Interactions over the two days before `end_ms`: one per asset in the last day (so every asset has windows
+    to start from), the rest spread over both days by a Zipf law."""
     rng = np.random.default_rng(seed)
-    assets = np.concatenate([np.arange(entities), rng.zipf(1.3, max(events - entities, 0)) % entities])
+    extra = max(events - entities, 0)
+    assets = np.concatenate([np.arange(entities), rng.zipf(1.3, extra) % entities])
+    times = np.concatenate([rng.integers(end_ms - DAY, end_ms, entities),
+                            rng.integers(end_ms - 2 * DAY, end_ms, extra)])
+    order = np.argsort(times, kind="stable")
+    assets, times = assets[order], times[order]
     kinds = EVENT_TYPES[rng.integers(0, len(EVENT_TYPES), len(assets))]
     dwell = rng.lognormal(np.log(8_000), 1.0, len(assets)).astype(np.int64)
     return pa.table({
@@ -40,7 +48,7 @@ def history(entities: int, events: int, end_ms: int, seed: int = 7) -> pa.Table:
         "user_id": pa.array(np.char.add("user_", rng.integers(0, 50_000, len(assets)).astype(str))),
         "event_type": pa.array(kinds),
         "dwell_ms": pa.array(dwell, mask=kinds != "view"),
-        "event_time": pa.array(np.sort(rng.integers(end_ms - 2 * DAY, end_ms, len(assets)))),
+        "event_time": pa.array(times),
     })
 
 
@@ -52,14 +60,16 @@ def _started(bench: Bench, ready, what: str) -> tuple[float, dict]:
 
 
 def ours(cfg, folder: Path, table: pa.Table) -> dict:
-    data = folder / "data"
-    (data / "asset_interactions").mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="history-", dir=folder))
+    (data / "asset_interactions").mkdir()
     pq.write_table(table, data / "asset_interactions" / "history.parquet")
     bench = Bench(cfg, folder, data_dir=data, views=("asset_activity",))
     try:
         seconds, status = _started(bench, lambda s: s.get("state") == "running", "the stream to start over history")
     finally:
         bench.close(keep=False)
+        shutil.rmtree(data, ignore_errors=True)
     history = status["generation"]["history"]
     loaded = history["views"]["asset_activity"]
     return {"bootstrap_s": round(seconds, 1), "entities": loaded["entities"], "tiles": loaded["tiles"],
@@ -81,8 +91,8 @@ def peer(cfg, folder: Path, table: pa.Table, lookback_ms: int, end_ms: int) -> d
                                    f"the stream to apply the {n:,} events of its longest window")
     finally:
         bench.close(keep=False)
-    return {"bootstrap_s": round(seconds, 1), "events": n,
-            "entities": status["views"]["asset_activity"].get("entities")}
+    return {"bootstrap_s": round(seconds, 1), "events_replayed": n,
+            "entities_held": status["views"]["asset_activity"].get("entities")}
 
 
 @click.command()

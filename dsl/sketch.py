@@ -173,6 +173,19 @@ def entries(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return index, ranks
 
 
+def entry_lists(data: bytes) -> tuple[list[int], list[int]]:
+    """`entries` as Python lists, read without numpy from the small sparse sketches most tiles hold (a few times
+    faster there); validated all the same."""
+    if data and len(data) <= _SMALL and data[0] == VERSION and data[1] == P and data[2] == _SPARSE:
+        if len(data) == _SPARSE_HEADER + 3 * int.from_bytes(data[_HEADER:_SPARSE_HEADER], "little"):
+            index = [data[i] | data[i + 1] << 8 for i in range(_SPARSE_HEADER, len(data), 3)]
+            ranks = list(data[_SPARSE_HEADER + 2::3])
+            if not index or (max(index) < M and max(ranks) <= MAX_RANK):
+                return index, ranks
+    index, ranks = entries(data)  # the numpy reader, which also says what is wrong with a bad sketch
+    return index.tolist(), ranks.tolist()
+
+
 def _records(data: bytes) -> list[bytes]:
     """The 3-byte entries of a sparse sketch."""
     return [data[i:i + 3] for i in range(_SPARSE_HEADER, len(data), 3)]

@@ -9,7 +9,7 @@ histogram is kept up to date as they do. The estimate is formed exactly as
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -31,8 +31,18 @@ class HllUnion:
     def add(self, data: bytes | None) -> None:
         """Union with one serialized sketch (None and b"" are empty)."""
         if data:
-            index, ranks = sketch.entries(data)
-            self.add_entries(index.tolist(), ranks.tolist())
+            self.add_entries(*sketch.entry_lists(data))
+
+    def add_many(self, sketches: Iterable[bytes]) -> None:
+        """Union with several serialized sketches at once (one pass over all their registers)."""
+        index: list[int] = []
+        ranks: list[int] = []
+        for data in sketches:
+            if data:
+                more_index, more_ranks = sketch.entry_lists(data)
+                index += more_index
+                ranks += more_ranks
+        self.add_entries(index, ranks)
 
     def add_entries(self, index: list[int], ranks: list[int]) -> None:
         """Raise registers `index` to at least `ranks`."""

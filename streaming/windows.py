@@ -274,22 +274,18 @@ class WindowState:
             if merge == SUM_FLOAT:
                 acc[j] = self._fsum(entity, slot, j)
                 continue
-            acc[j] = None
-            for t, values in tiles:
-                if values[j] is not None:
-                    acc[j] = self._combine(merge, acc[j], t, values[j])
-
-    @staticmethod
-    def _combine(merge: int, current: Any, tile: int, value: Any) -> Any:
-        if merge == MAX:
-            return value if current is None or value > current else current
-        if merge == MIN:
-            return value if current is None or value < current else current
-        if merge == LAST:
-            return (tile, value)  # tiles come in time order
-        union = current or HllUnion()  # HLL
-        union.add(value)
-        return union
+            present = [(t, values[j]) for t, values in tiles if values[j] is not None]
+            if not present:
+                acc[j] = None
+            elif merge == MAX:
+                acc[j] = max(value for _, value in present)
+            elif merge == MIN:
+                acc[j] = min(value for _, value in present)
+            elif merge == LAST:
+                acc[j] = present[-1]  # tiles come in time order
+            else:  # HLL
+                acc[j] = HllUnion()
+                acc[j].add_many(value for _, value in present)
 
     def write_again_at(self, key: tuple, stored_ms: int) -> None:
         """Redis refused this entity's values: it holds newer ones (`_ts` = `stored_ms`), from materialization or

@@ -119,3 +119,17 @@ def test_small_counts_are_nearly_exact_as_the_readme_says():
         assert np.percentile(np.abs(errors), 99) <= p99 and np.abs(errors).max() <= worst, (low, high, errors)
         if high <= 100:
             assert errors.max() <= 0, "below 100 values, collisions only ever lose some"
+
+
+@pytest.mark.parametrize("n", [0, 1, 40, 64, 65, 3_000, 20_000])
+def test_entry_lists_read_what_entries_reads(n):
+    data = sketch_of([f"v{i}" for i in range(n)]).to_bytes()
+    index, ranks = sketch.entries(data)
+    assert sketch.entry_lists(data) == (index.tolist(), ranks.tolist())
+
+
+def test_entry_lists_refuse_bad_sketches_as_entries_does():
+    with pytest.raises(ValueError, match="register index"):
+        sketch.entry_lists(bytes([1, 14, 0, 1, 0, 0xff, 0xff, 1]))
+    with pytest.raises(ValueError, match="rank 52"):
+        sketch.entry_lists(bytes([1, 14, 0, 1, 0, 0, 0, 52]))

@@ -130,3 +130,26 @@ def test_windows_empty_out_for_quiet_entities_when_the_clock_moves():
     values = dict(zip(state.layout.feature_names, served[("quiet",)]))
     assert values["buys_30m"] == 0 and values["users_30m"] == 0 and values["price_mean_30m"] is None
     assert values["last_kind"] is None and ("quiet",) not in state.entities  # older than the ttl: forgotten
+
+
+@pytest.mark.parametrize("seed, cutover_in_tile", [(4, 23_456), (5, 0), (6, 59_999)])
+def test_windows_started_from_history_equal_the_oracle_over_history_and_live(seed, cutover_in_tile):
+    """History tiles (events before the cutover) loaded first, then the stream's tiles of the later events, with
+    replays: every value is the oracle's over both, the tile holding the cutover counted from both sides once."""
+    rng = random.Random(seed)
+    events = make_events(rng, 2_000, minutes=80)
+    cutover = T0 + 50 * MINUTE + cutover_in_tile
+    history = [e for e in events if e["ts"] < cutover]
+    live = [e for e in events if e["ts"] >= cutover]
+    names = [c.name for c in compile_view(VIEW, SourceSettings("x:1", Path("/"))).tile_columns]
+    rows = [(tuple(key), start, tuple(values[n] for n in names))
+            for (*key, start), values in tile_oracle.tiles(VIEW, history, Path("/")).items()]
+    state = new_state(VIEW)
+    assert state.load_history(rng.sample(rows, len(rows)), cutover) == len(state.dirty) > 10
+    assert state.head_ms == max(e["ts"] for e in history)
+    served = dict(state.take_dirty())
+    check(state, VIEW, served, history)
+    cuts = sorted(rng.sample(range(1, len(live)), 40)) + [len(live)]
+    for rows in feed(state, VIEW, live, cuts, replay_from=3):
+        served.update(rows)
+    check(state, VIEW, served, events)

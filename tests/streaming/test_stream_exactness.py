@@ -158,8 +158,12 @@ def test_status_reports_the_running_job(run):
     done = featurectl("--repo", str(run["repo"].folder), "stream", "--status")
     assert done.returncode == 0, done.stderr
     assert f"stream {run['repo'].project}.asset_activity.user_activity: running" in done.stdout
-    for fragment in ("events/s", "event-to-Redis lag p50", "p99", "checkpoint ", "dead letters", "view user_activity"):
+    for fragment in ("events/s", "event-to-Redis lag p50", "p99", "checkpoint ", "dead letters", "view user_activity",
+                     "history: none (Kafka only)"):
         assert fragment in done.stdout
+    # this repo has no Parquet history: the stream says so, and how to start from one
+    logged = run["stream"].log.read_text()
+    assert "source `asset_interactions` has no history at " in logged and "featurectl stream --reset" in logged
 
 
 def test_feast_and_our_sdk_read_the_served_values(run):

@@ -329,3 +329,7 @@ def test_reset_starts_a_new_generation_from_the_grown_history(env):
     stream.wait_events({v: len([e for e in env["log"].on_time if e["event_time"] >= cutover]) for v in VIEWS})
     check_served(env, counted(env))
     assert stream.stop() == 0
+    # the repo's backfill ended before the live events: the stream is right regardless, and says what to run
+    logged = stream.log.read_text()
+    assert "no backfill covers " in logged and "featurectl backfill --start " in logged and "--view player_stats" in \
+        logged

@@ -125,7 +125,7 @@ def _print_table(before: dict[str, list], after: dict[str, list]) -> None:
         cells = [f"{_cell(b)} -> {_cell(a)}" for b, a in zip(before[feature], after[feature])]
         click.echo(f"  {feature:<{width}}  " + "  ".join(f"{c:>28}" for c in cells))
     click.echo("  (before: what Redis held, the values materialized from the history or those of an earlier stream;")
-    click.echo("   after: the stream's windows over the events in Kafka, the live ones included)")
+    click.echo("   after: the stream's windows, started from the Parquet history, with the live events in Kafka)")
 
 
 def _cell(value) -> str:

@@ -21,10 +21,11 @@ from typing import Optional, Protocol, Sequence
 import pyarrow.dataset as ds
 
 from batch.backfill_log import BackfillLog, BackfillRecord
-from batch.flink_env import create_table_env
 from batch.offline_table import RangeWriter
 from batch.tile_export import TileJob, export_tiles, source_ranges
 from batch.windows import TileGrid, offline_rows, offline_schema
+from common.errors import FeaturectlError
+from common.flink import create_table_env
 from dsl.compile_feast import offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.feature_view import FeatureView
@@ -32,7 +33,7 @@ from dsl.feature_view import FeatureView
 log = logging.getLogger(__name__)
 
 
-class BackfillError(RuntimeError):
+class BackfillError(FeaturectlError, RuntimeError):
     """A backfill cannot run as asked; the message says why and what to do."""
 
 

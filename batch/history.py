@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from batch.backfill_log import BackfillLog
-from batch.flink_env import create_table_env
 from batch.tile_export import TileJob, export_tiles
+from common.flink import create_table_env
 from dsl.compile_flink import CompiledView, source_path
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource

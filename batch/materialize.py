@@ -29,6 +29,7 @@ import pyarrow.dataset as ds
 
 from batch import redis_dump as dump
 from batch.redis_writer import CHECKED_ROWS, CheckedChunkWriter, RowCommands
+from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
 from serving import redis_columns as columns
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 RESTORE_ROWS = 512  # rows per RESTORE round trip; the ones whose key exists go on in checked chunks
 
 
-class MaterializeError(RuntimeError):
+class MaterializeError(FeaturectlError, RuntimeError):
     """Materialization cannot run as asked; the message says why and what to do."""
 
 

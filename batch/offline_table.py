@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ DAY_MS = 86_400_000
 PARTITION = "date"
 
 
-class OfflineTableError(RuntimeError):
+class OfflineTableError(FeaturectlError, RuntimeError):
     """The offline table cannot be read or written as asked; the message says why and what to do."""
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch.redis_dump import Encoded
+from common.errors import FeaturectlError
 from serving import redis_columns as columns
 from serving.redis_layout import decode_timestamp_ms
 
@@ -110,7 +111,7 @@ def _rows(values: Encoded, rows) -> Encoded:
     return values.take(pa.array(rows))
 
 
-class RedisWriteError(RuntimeError):
+class RedisWriteError(FeaturectlError, RuntimeError):
     """Redis refused a write, or kept changing the keys of a chunk; the message says which and what to do."""
 
 

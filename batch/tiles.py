@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from batch.flink_env import create_table_env
+from common.flink import create_table_env
 from dsl.compile_flink import CompiledView
 
 log = logging.getLogger(__name__)

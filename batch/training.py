@@ -20,12 +20,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch.offline_table import read_range
+from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.feature_view import FeatureView
 from dsl.repo import Repository
 
 
-class TrainingSetError(ValueError):
+class TrainingSetError(FeaturectlError, ValueError):
     """A training set cannot be built as asked; the message says why and what to do."""
 
 

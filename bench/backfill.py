@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from bench._cli import featurectl
 from bench._report import emit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,13 +101,6 @@ def _feast_peer(repo: Path, entities: Path, timeout: float) -> dict | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _apply(repo: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "featurectl", "--repo", str(repo), "apply"], capture_output=True,
-                          text=True, cwd=ROOT)
-    if done.returncode:
-        raise click.ClickException(f"featurectl apply failed:\n{done.stderr[-2000:]}")
-
-
 @click.command()
 @click.option("--events", default=10_000_000, show_default=True, help="synthetic interactions in the history")
 @click.option("--days", default=10, show_default=True, help="days they span")
@@ -148,7 +142,7 @@ def command(events: int, days: int, entity_rows: int, peer_rows: int, peer_timeo
         sample_s = time.monotonic() - began
         click.echo(f"training set: {len(training):,} rows in {training_s:.1f} s", err=True)
 
-        _apply(repo_dir)
+        featurectl(repo_dir, "apply")
         sample.to_parquet(scratch / "entities.parquet")
         peer_run = _feast_peer(repo_dir, scratch / "entities.parquet", peer_timeout)
 

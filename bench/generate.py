@@ -31,6 +31,8 @@ from typing import Any, Callable
 import click
 import torch
 
+from bench._cli import featurectl
+
 log = logging.getLogger("bench.generate")
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -48,14 +50,12 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     import pyarrow as pa
     import pyarrow.dataset as ds
     import yaml
-    from feast import FeatureStore
 
     from batch.materialize import materialize_view
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
     from feature_repo.sample_data import SampleSpec, catalog_table
-    from featurectl.config import load_config
-    from featurectl.repo_commands import compile_repo
+    from common.config import load_config
     from serving.redis_connect import redis_client
 
     project = f"bench_gen_{uuid.uuid4().hex[:8]}"
@@ -67,8 +67,8 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     settings["registry"]["path"] = f"sqlite:///{folder / project}.db"
     settings["platform"]["data_dir"] = str(folder / "data")
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    featurectl(repo, "apply")
     cfg = load_config(repo)
-    FeatureStore(config=cfg.feast_repo_config()).apply(compile_repo(cfg)[1].all())
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     catalog = catalog_table(SampleSpec(n_assets=n_assets), int(now.timestamp() * 1000))
     stamps = pa.array([now - dt.timedelta(hours=1)] * n_assets, pa.timestamp("ms", "UTC"))

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import yaml
 
+from bench._cli import featurectl
 from bench._report import emit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,20 +65,13 @@ def _offline_table(entities: int, end: dt.datetime, seed: int) -> pa.Table:
     return pa.table(columns)
 
 
-def _featurectl(repo: Path, *args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "featurectl", "--repo", str(repo), *args], capture_output=True,
-                          text=True, cwd=ROOT)
-    if done.returncode:
-        raise click.ClickException(f"featurectl {' '.join(args)} failed:\n{done.stderr[-2000:]}")
-
-
 def run_side(side: str, repo: Path, start: str, end: str) -> dict:
     """One side, in this process: returns rows/s and this process's peak RSS (each side imports only what it
     runs: Feast's FeatureStore alone holds several hundred MB)."""
     from batch.materialize import materialize_view
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
-    from featurectl.config import load_config
+    from common.config import load_config
     from serving.redis_connect import redis_client
 
     cfg = load_config(repo)
@@ -125,7 +119,7 @@ def command(entities: int, seed: int) -> None:
     """100,000 entities x 20 features into the local Redis: ours vs Feast's materialize."""
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
-    from featurectl.config import load_config
+    from common.config import load_config
 
     end = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     start = end - dt.timedelta(days=2)
@@ -138,7 +132,7 @@ def command(entities: int, seed: int) -> None:
             cfg = load_config(repo)
             path = offline_table_path(cfg.data_dir, load_repo(repo).view(VIEW))
             ds.write_dataset(table, path, format="parquet", existing_data_behavior="delete_matching")
-            _featurectl(repo, "apply")
+            featurectl(repo, "apply")
             click.echo(f"{side}: materializing {entities:,} entities x 20 features ...", err=True)
             results[side] = _run_in_process(side, repo, start, end)
             click.echo(f"{side}: {json.dumps(results[side])}", err=True)

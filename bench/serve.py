@@ -32,6 +32,7 @@ import click
 import numpy as np
 import yaml
 
+from bench._cli import featurectl
 from bench._http_load import sequential
 from bench._report import emit, percentiles
 
@@ -56,16 +57,13 @@ def _bench_repo(state_dir: Path) -> Path:
 
 
 def _apply(repo: Path):
+    """`featurectl apply`, then Feast's own store over the same registry (the peer side)."""
     from feast import FeatureStore
 
-    from featurectl.config import load_config
-    from featurectl.repo_commands import compile_repo
+    from common.config import load_config
 
-    cfg = load_config(repo)
-    _, objects, _ = compile_repo(cfg)
-    store = FeatureStore(config=cfg.feast_repo_config())
-    store.apply(objects.all())
-    return store
+    featurectl(repo, "apply")
+    return FeatureStore(config=load_config(repo).feast_repo_config())
 
 
 def _frame(view, assets: int, rng: np.random.Generator):

@@ -30,6 +30,7 @@ from statistics import median
 import click
 import psutil
 
+from bench._cli import featurectl
 from bench._report import emit
 from bench.stream import ROOT, Bench
 
@@ -171,10 +172,7 @@ def command(ctx, minutes: int, rps: float, events_per_s: float, warmup_minutes: 
     bench = Bench(cfg, cfg.state_dir / "bench-soak")
     server = None
     try:
-        applied = subprocess.run([sys.executable, "-m", "featurectl", "--repo", str(bench.folder), "apply"],
-                                 cwd=ROOT, capture_output=True, text=True)
-        if applied.returncode:
-            raise click.ClickException(f"applying the bench repo failed:\n{applied.stdout}{applied.stderr}")
+        featurectl(bench.folder, "apply")
         bench.start_stream()
         bench.wait(lambda s: s.get("flink_status") == "RUNNING", "the job to run", 300)
         port = _free_port()

@@ -34,6 +34,7 @@ import psutil
 import redis
 import yaml
 
+from bench._cli import featurectl
 from bench._report import emit, percentiles
 
 log = logging.getLogger(__name__)
@@ -272,7 +273,7 @@ def feast_push_rate(bench: Bench, events: int) -> float:
     from feast import FeatureStore
     from feast.data_source import PushMode
 
-    from featurectl.config import load_config
+    from common.config import load_config
 
     cfg = load_config(bench.folder)
     store = FeatureStore(config=cfg.feast_repo_config())
@@ -313,10 +314,7 @@ def command(ctx, events: int, live_rate: float, live_seconds: float, probes_per_
     cfg = ctx.config()
     bench = Bench(cfg, cfg.state_dir / "bench-stream")
     try:
-        applied = subprocess.run([sys.executable, "-m", "featurectl", "--repo", str(bench.folder), "apply"],
-                                 cwd=ROOT, capture_output=True, text=True)
-        if applied.returncode:
-            raise click.ClickException(f"applying the bench repo failed:\n{applied.stdout}{applied.stderr}")
+        featurectl(bench.folder, "apply")
         click.echo(f"producing {events:,} events and the catalog to {bench.events_topic} ...")
         produce_backlog(bench, events)
         click.echo("starting `featurectl stream` (default settings) ...")

@@ -5,7 +5,7 @@
 
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, MissingTimestampError, TypeMismatchError,
-                        UnknownColumnError, UnknownFeatureError, WindowError)
+                        UnknownColumnError, UnknownReferenceError, WindowError)
 from dsl.expr import col
 from dsl.feature_view import FeatureRef, FeatureService, FeatureView
 from dsl.features import Aggregation, Attribute, Window
@@ -17,5 +17,5 @@ __all__ = [
     "Aggregation", "Attribute", "Bool", "DefinitionError", "DuplicateNameError", "Entity", "EventSource",
     "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "Int32", "Int64",
     "MissingTimestampError", "Repository", "String", "Timestamp", "TypeMismatchError", "UnknownColumnError",
-    "UnknownFeatureError", "ValueType", "Window", "WindowError", "col", "load_repo",
+    "UnknownReferenceError", "ValueType", "Window", "WindowError", "col", "load_repo",
 ]

@@ -1,7 +1,9 @@
 """One exception hierarchy for feature definitions; each message names the object, the problem and the fix."""
 
+from common.errors import FeaturectlError
 
-class DefinitionError(ValueError):
+
+class DefinitionError(FeaturectlError, ValueError):
     """A feature definition is invalid. Raised eagerly, when the object is built or the repo is validated."""
 
     def __init__(self, obj: str, problem: str, hint: str = ""):
@@ -30,7 +32,7 @@ class DuplicateNameError(DefinitionError):
     """Two objects of the same kind, or two features of one view, share a name."""
 
 
-class UnknownFeatureError(DefinitionError):
+class UnknownReferenceError(DefinitionError):
     """A feature service names a view or feature that the repo does not define."""
 
 

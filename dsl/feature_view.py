@@ -10,7 +10,7 @@ from dsl import aggregates
 from dsl.duration import parse_duration
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, TypeMismatchError, UnknownColumnError,
-                        UnknownFeatureError, WindowError)
+                        UnknownReferenceError, WindowError)
 from dsl.features import Aggregation, Attribute, Feature, Window
 from dsl.source import EventSource
 from dsl.types import ValueType
@@ -148,7 +148,7 @@ class FeatureView:
             names = [names]
         missing = [n for n in names if n not in self.feature_names]
         if missing:
-            raise UnknownFeatureError(f"feature view `{self.name}`", f"has no feature {', '.join(missing)}",
+            raise UnknownReferenceError(f"feature view `{self.name}`", f"has no feature {', '.join(missing)}",
                                       f"pick from: {', '.join(self.feature_names)}")
         return FeatureRef(self.name, tuple(names))
 
@@ -183,7 +183,7 @@ class FeatureService:
                 view, feature = entry.split(":")
                 out.append(FeatureRef(view, (feature,)))
             else:
-                raise UnknownFeatureError(f"feature service `{self.name}`", f"entry {entry!r} is not a feature",
+                raise UnknownReferenceError(f"feature service `{self.name}`", f"entry {entry!r} is not a feature",
                                           "write a view, view[[\"feature\"]] or \"view:feature\"")
         return out
 

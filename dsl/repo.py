@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from dsl.entity import Entity
-from dsl.errors import DefinitionError, DuplicateNameError, UnknownFeatureError
+from dsl.errors import DefinitionError, DuplicateNameError, UnknownReferenceError
 from dsl.feature_view import FeatureRef, FeatureService, FeatureView
 from dsl.source import EventSource
 
@@ -61,14 +61,14 @@ class Repository:
         for view in self.views:
             if view.name == name:
                 return view
-        raise UnknownFeatureError(f"feature view `{name}`", "is not defined",
+        raise UnknownReferenceError(f"feature view `{name}`", "is not defined",
                                   f"defined views: {', '.join(v.name for v in self.views) or 'none'}")
 
     def service(self, name: str) -> FeatureService:
         for service in self.services:
             if service.name == name:
                 return service
-        raise UnknownFeatureError(f"feature service `{name}`", "is not defined",
+        raise UnknownReferenceError(f"feature service `{name}`", "is not defined",
                                   f"defined services: {', '.join(s.name for s in self.services) or 'none'}")
 
     def resolve_service(self, service: FeatureService) -> list[FeatureRef]:
@@ -78,11 +78,11 @@ class Repository:
         for ref in refs:
             known = {v.name: v for v in self.views}
             if ref.view not in known:
-                raise UnknownFeatureError(where, f"names unknown feature view `{ref.view}`",
+                raise UnknownReferenceError(where, f"names unknown feature view `{ref.view}`",
                                           f"defined views: {', '.join(known) or 'none'}")
             missing = [f for f in ref.features if f not in known[ref.view].feature_names]
             if missing:
-                raise UnknownFeatureError(where, f"names unknown feature `{ref.view}:{missing[0]}`",
+                raise UnknownReferenceError(where, f"names unknown feature `{ref.view}:{missing[0]}`",
                                           f"`{ref.view}` has: {', '.join(known[ref.view].feature_names)}")
         return refs
 

@@ -1,6 +1,6 @@
 """The Java SQL functions that compiled Flink SQL may call, and the DDL that registers them.
 
-They live in `featurectl-udf.jar` (built from `udf/` by scripts/build_udf.sh), which batch/flink_env.py puts on
+They live in `featurectl-udf.jar` (built from `udf/` by scripts/build_udf.sh), which common/flink.py puts on
 the job's classpath. Temporary system functions need no catalog or database (none of our names is a built-in
 one), so the same statements serve streaming and batch mode, locally and on a cluster.
 """

@@ -9,26 +9,8 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from featurectl.config import ProjectConfig
-
-
-def parse_instant(text: str, option: str) -> dt.datetime:
-    """`2026-01-01`, `2026-01-01T06:00` or with an offset; no offset means UTC."""
-    try:
-        value = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"`{text}` is not a date or time: write e.g. 2026-01-01 or 2026-01-01T06:00 "
-                                 "(UTC unless an offset is given)", param_hint=option) from None
-    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
-
-
-def _load_repo(cfg: ProjectConfig):
-    from dsl import DefinitionError, load_repo
-
-    try:
-        return load_repo(cfg.repo_path)
-    except DefinitionError as exc:
-        raise click.ClickException(f"invalid feature definition: {exc}") from exc
+from common.config import ProjectConfig
+from featurectl.params import INSTANT
 
 
 class TqdmProgress:
@@ -52,33 +34,27 @@ class TqdmProgress:
 
 
 @click.command()
-@click.option("--start", "start_text", required=True, help="first boundary, e.g. 2026-01-01 (UTC)")
-@click.option("--end", "end_text", required=True, help="end of the range, exclusive, e.g. 2026-01-08")
+@click.option("--start", type=INSTANT, required=True, help="first boundary, e.g. 2026-01-01 (UTC)")
+@click.option("--end", type=INSTANT, required=True, help="end of the range, exclusive, e.g. 2026-01-08")
 @click.option("--view", "view_names", multiple=True, help="a feature view to backfill (repeatable; default: all "
               "views with offline=True)")
 @click.option("--parallelism", type=int, default=None, help="Flink parallelism (default: platform.flink)")
 @click.option("--jobmanager", default=None, help="host:port of a Flink cluster (default: platform.flink)")
 @click.pass_obj
-def backfill(ctx, start_text: str, end_text: str, view_names: tuple[str, ...], parallelism: int | None,
+def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, ...], parallelism: int | None,
              jobmanager: str | None) -> None:
     """Compute the offline feature tables of [START, END) from the Parquet history with Flink, replacing that range."""
-    from batch.backfill import BackfillError, BackfillTarget, backfill as run_backfill
-    from dsl import DefinitionError
+    from batch.backfill import BackfillTarget, backfill as run_backfill
+    from dsl import load_repo
 
     cfg = ctx.config()
-    repo = _load_repo(cfg)
-    start, end = parse_instant(start_text, "--start"), parse_instant(end_text, "--end")
-    try:
-        views = [repo.view(name) for name in view_names] or [v for v in repo.views if v.offline]
-    except DefinitionError as exc:
-        raise click.ClickException(str(exc)) from exc
+    repo = load_repo(cfg.repo_path)
+    views = [repo.view(name) for name in view_names] or [v for v in repo.views if v.offline]
     target = BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers)
     progress = TqdmProgress()
     try:
         summary = run_backfill(views, start, end, target, parallelism=parallelism or cfg.platform.flink.parallelism,
                                jobmanager=jobmanager or cfg.platform.flink.jobmanager, progress=progress)
-    except BackfillError as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         progress.close()
     for result in summary.views:
@@ -141,23 +117,20 @@ def training_set(ctx, entities_path: Path, service: str | None, feature_refs: tu
     """Join point-in-time-correct feature values onto entity rows: as of each row's time, never later."""
     import pyarrow.parquet as pq
 
-    from batch.training import TrainingSetError, request_times_ms, resolve_features, training_table
-    from dsl import DefinitionError
+    from batch.training import request_times_ms, resolve_features, training_table
+    from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP
 
     if bool(service) == bool(feature_refs):
         raise click.UsageError("pass either --service NAME or one or more --feature view:feature")
     cfg = ctx.config()
-    repo = _load_repo(cfg)
+    repo = load_repo(cfg.repo_path)
     began = time.monotonic()
     entities = read_entities(entities_path)
     features = service or list(feature_refs)
-    try:
-        table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
-        _warn_uncovered(cfg, [view for view, _ in resolve_features(repo, features)],
-                        request_times_ms(entities, EVENT_TIMESTAMP))
-    except (TrainingSetError, DefinitionError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
+    _warn_uncovered(cfg, [view for view, _ in resolve_features(repo, features)],
+                    request_times_ms(entities, EVENT_TIMESTAMP))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_path)
     added = table.num_columns - entities.num_columns

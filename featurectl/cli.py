@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from featurectl.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import FeaturectlError
 
 
 class Context:
@@ -70,6 +71,6 @@ def main() -> None:
     _register_commands()
     try:
         cli(standalone_mode=True)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    except FeaturectlError as exc:  # every error a user can act on: one line, no traceback
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)

@@ -73,7 +73,7 @@ def _show_online(cfg) -> None:
 
 
 def _show_tiles(cfg) -> None:
-    from batch.flink_env import create_table_env
+    from common.flink import create_table_env
     from batch.tiles import query_tiles
     from dsl import load_repo
     from dsl.compile_flink import SourceSettings, compile_view

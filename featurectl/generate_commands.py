@@ -118,14 +118,9 @@ def demo_generation(project, out: Path = Path("generated/demo_asset.glb"), asset
 def generate(ctx, prompt: str, asset_id: Optional[str], out: Path, seed: int, top_p: Optional[float], repeat: int,
              config_name: str, **overrides: Any) -> None:
     """Generate a mesh for PROMPT, optionally conditioned on an asset's features; print the stage latencies."""
-    from inference.errors import Cube3DError
-
     cfg = service_config(config_name, **overrides)
-    try:
-        result, table = generate_to_file(ctx.config(), cfg, prompt, out, asset_id, seed, top_p, repeat,
-                                         warm_up=repeat > 1)
-    except Cube3DError as exc:
-        raise click.ClickException(str(exc)) from exc
+    result, table = generate_to_file(ctx.config(), cfg, prompt, out, asset_id, seed, top_p, repeat,
+                                     warm_up=repeat > 1)
     fallback = f" (asset features not used: {result.fallback})" if result.fallback else ""
     click.echo(f"wrote {out}: {result.vertices:,} vertices, {result.faces:,} faces{fallback}")
     if result.bbox:

@@ -7,14 +7,7 @@ import datetime as dt
 import click
 from tqdm import tqdm
 
-
-def parse_instant(text: str) -> dt.datetime:
-    """ISO date or date-time; naive values are UTC."""
-    try:
-        value = dt.datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise click.BadParameter(f"`{text}` is not an ISO date or time, e.g. 2026-11-28 or 2026-11-28T12:00") from exc
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+from featurectl.params import INSTANT
 
 
 def _redis_client(cfg):
@@ -27,7 +20,7 @@ def _redis_client(cfg):
 
 
 def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None) -> None:
-    from batch.materialize import MaterializeError, materialize_view
+    from batch.materialize import materialize_view
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
     from feast import FeatureStore
@@ -42,11 +35,8 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
         since = start or feast_view.most_recent_end_time or (end - view.ttl)
         path = offline_table_path(cfg.data_dir, view)
         with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
-            try:
-                stats = materialize_view(client, view, cfg.project, path, since, end, key_ttl_s=cfg.key_ttl_seconds,
-                                         on_rows=bar.update)
-            except MaterializeError as exc:
-                raise click.ClickException(str(exc)) from exc
+            stats = materialize_view(client, view, cfg.project, path, since, end, key_ttl_s=cfg.key_ttl_seconds,
+                                     on_rows=bar.update)
         store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
         click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
                    f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than Redis's, "
@@ -55,22 +45,22 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
 
 
 @click.command()
-@click.argument("start")
-@click.argument("end")
+@click.argument("start", type=INSTANT)
+@click.argument("end", type=INSTANT)
 @click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
 @click.pass_obj
-def materialize(ctx, start: str, end: str, views: tuple[str, ...]) -> None:
+def materialize(ctx, start: dt.datetime, end: dt.datetime, views: tuple[str, ...]) -> None:
     """Load the latest offline values in [START, END] into Redis and record the interval."""
-    _run(ctx, views, parse_instant(end), parse_instant(start))
+    _run(ctx, views, end, start)
 
 
 @click.command("materialize-incremental")
-@click.argument("end")
+@click.argument("end", type=INSTANT)
 @click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
 @click.pass_obj
-def materialize_incremental(ctx, end: str, views: tuple[str, ...]) -> None:
+def materialize_incremental(ctx, end: dt.datetime, views: tuple[str, ...]) -> None:
     """Materialize from each view's last recorded end (or END - ttl) up to END."""
-    _run(ctx, views, parse_instant(end), None)
+    _run(ctx, views, end, None)
 
 
 COMMANDS = [materialize, materialize_incremental]

@@ -8,22 +8,14 @@ from pathlib import Path
 
 import click
 
-from dsl import DefinitionError, Repository, load_repo
-from dsl.compile_feast import FeastObjects, compile_feast
-from dsl.compile_flink import CompiledView, SourceSettings, compile_view
-from dsl.compile_stream_source import source_keys
-from featurectl.config import ProjectConfig
+from common.config import ProjectConfig
+from dsl.compile_feast import FeastObjects
+from dsl.compile_flink import CompiledView, SourceSettings
+from dsl.compile_repo import CompiledRepo, compile_repo
 
 
-def compile_repo(cfg: ProjectConfig) -> tuple[Repository, FeastObjects, list[CompiledView]]:
-    try:
-        repo = load_repo(cfg.repo_path)
-    except DefinitionError as exc:
-        raise click.ClickException(f"invalid feature definition: {exc}") from exc
-    feast_objects = compile_feast(repo, cfg.data_dir)
-    settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
-    return repo, feast_objects, [compile_view(view, settings, source_keys(view.source, repo.views))
-                                 for view in repo.views]
+def _compiled(cfg: ProjectConfig) -> CompiledRepo:
+    return compile_repo(cfg.repo_path, SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir))
 
 
 def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
@@ -80,7 +72,7 @@ def _print_sql(compiled: list[CompiledView]) -> None:
 def plan(ctx, sql: bool) -> None:
     """Show what `apply` would register and the Flink SQL of each view, changing nothing."""
     cfg = ctx.config()
-    _, objects, compiled = compile_repo(cfg)
+    _, objects, compiled = _compiled(cfg)
     click.secho(f"project `{cfg.project}`, registry {cfg.registry_url}", bold=True)
     click.echo(_diff_without_touching(cfg, objects))
     if sql:
@@ -100,7 +92,7 @@ def _stale_objects(store, objects: FeastObjects) -> list:
 def apply(ctx) -> None:
     """Register entities, sources, feature views and services in the Feast registry (idempotent)."""
     cfg = ctx.config()
-    _, objects, _ = compile_repo(cfg)
+    objects = _compiled(cfg).feast
     store = _store(cfg)
     registry_diff, _, _ = store.plan(_repo_contents(cfg, objects))
     stale = _stale_objects(store, objects)

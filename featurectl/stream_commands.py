@@ -12,13 +12,10 @@ import click
 
 
 def _views(cfg, names: tuple[str, ...]):
-    from dsl import DefinitionError, load_repo
+    from dsl import load_repo
 
-    try:
-        repo = load_repo(cfg.repo_path)
-        chosen = [repo.view(n) for n in names] if names else [v for v in repo.views if v.source.kafka_topic]
-    except DefinitionError as exc:
-        raise click.ClickException(str(exc)) from exc
+    repo = load_repo(cfg.repo_path)
+    chosen = [repo.view(n) for n in names] if names else [v for v in repo.views if v.source.kafka_topic]
     return chosen, repo.views
 
 
@@ -120,21 +117,19 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
         for home, status in found:
             _print_status(home, status)
         return
+    from confluent_kafka import KafkaException
+
     from batch.history import ParquetHistory
     from dsl.compile_flink import SourceSettings
     from streaming.config import StreamSettings
-    from streaming.flink_job import StreamJobError
-    from confluent_kafka import KafkaException
-
-    from streaming.job_sql import StreamDefinitionError
-    from streaming.redis_sink import RedisUnavailable
-    from streaming.runner import StreamError, StreamRunner, Target
+    from streaming.runner import StreamRunner, Target
 
     overrides = {k: v for k, v in (("checkpoint_interval_s", checkpoint_interval),
                                    ("mini_batch_latency_ms", mini_batch_latency)) if v is not None}
     settings = StreamSettings(parallelism=cfg.platform.flink.parallelism, **overrides)
-    target = Target(cfg.project, cfg.redis_settings(), SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir),
-                    cfg.state_dir, jobmanager or cfg.platform.flink.jobmanager, cfg.key_ttl_seconds)
+    sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
+    target = Target(cfg.project, cfg.redis_settings(), sources, cfg.state_dir, jobmanager or cfg.platform.flink.jobmanager,
+                    cfg.key_ttl_seconds)
     views, all_views = _views(cfg, names)
     stop = threading.Event()
     _stop_on_signals(stop)
@@ -145,8 +140,9 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
         click.echo(f"stream {runner.plan.name}: {', '.join(v.view.name for v in runner.plan.views)} -> Redis "
                    f"{':'.join(map(str, cfg.redis_host_port))}; status: featurectl stream --status")
         runner.run(stop)
-    except (StreamError, StreamJobError, StreamDefinitionError, RedisUnavailable, KafkaException) as exc:
-        raise click.ClickException(str(exc)) from exc
+    except KafkaException as exc:
+        raise click.ClickException(f"Kafka at {cfg.platform.kafka.bootstrap_servers}: {exc}; is it up? "
+                                   "(`featurectl services up`)") from exc
     click.echo(f"stream {runner.plan.name} stopped; the next run resumes from its latest checkpoint")
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from common.errors import FeaturectlError
 
-class Cube3DError(Exception):
+
+class Cube3DError(FeaturectlError):
     """Base class of every error raised by `inference`."""
 
 

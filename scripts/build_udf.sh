@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Flink UDF jar (udf/) and installs it where batch/flink_env.py loads Flink jars from.
+# Builds the Flink UDF jar (udf/) and installs it where common/flink.py loads Flink jars from.
 # A no-op when the installed jar is newer than the pom and every source file.
 set -euo pipefail
 

@@ -21,6 +21,8 @@ from typing import Optional
 
 import sqlalchemy as sa
 
+from common.errors import FeaturectlError
+
 log = logging.getLogger(__name__)
 
 _META = sa.MetaData()
@@ -45,7 +47,7 @@ USAGE = sa.Table(
 )
 
 
-class ApiKeyError(ValueError):
+class ApiKeyError(FeaturectlError, ValueError):
     """A key operation cannot be done as asked (unknown key, bad budget); the message says what to do."""
 
 

@@ -41,7 +41,7 @@ class _ClientCore:
     @classmethod
     def from_repo(cls, repo: str | Path = "feature_repo", registry: Optional[str] = None, **kwargs: Any):
         """A client for a feature repo folder (its feature_store.yaml); `registry` overrides the registry URL."""
-        from featurectl.config import load_config
+        from common.config import load_config
 
         return cls(load_config(repo, registry_override=registry).feast_repo_config(), **kwargs)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from common.errors import FeaturectlError
 
-class ServingError(Exception):
+
+class ServingError(FeaturectlError):
     """Base of every error raised by the online SDK and the feature server."""
 
 

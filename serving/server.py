@@ -44,7 +44,7 @@ def create_app() -> FeatureServer:
         return AsyncOnlineClient.from_repo(repo, registry=registry, timeout_s=timeout_s)
 
     def make_gateway() -> Gateway:
-        from featurectl.config import load_config
+        from common.config import load_config
 
         share = 1 / int(os.environ.get(ENV_WORKERS, "1"))  # each worker admits its part of a key's budget
         return Gateway.open(load_config(repo, registry).registry_url, float(auth_refresh_s), share)
@@ -59,7 +59,7 @@ def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: in
     `require_api_key` None: `platform.auth.enabled` of the repo decides."""
     import uvicorn
 
-    from featurectl.config import load_config
+    from common.config import load_config
 
     auth = load_config(repo, registry).platform.auth
     required = auth.enabled if require_api_key is None else require_api_key

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from common.errors import FeaturectlError
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 _DONE = ("FAILED", "CANCELED", "FINISHED")
 
 
-class StreamJobError(RuntimeError):
+class StreamJobError(FeaturectlError, RuntimeError):
     """The Flink job failed or could not start; the message says where its log is."""
 
 
@@ -78,7 +79,7 @@ class FlinkJob:
     @classmethod
     def start(cls, plan: JobPlan, options: dict[str, str], log_dir: Path, jobmanager: Optional[str] = None,
               parallelism: int = 1) -> "FlinkJob":
-        from batch.flink_env import create_table_env
+        from common.flink import create_table_env
 
         log_dir.mkdir(parents=True, exist_ok=True)
         os.environ["FLINK_LOG_DIR"] = str(log_dir)  # read when PyFlink launches its JVM

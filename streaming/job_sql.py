@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from common.errors import FeaturectlError
 from dsl.compile_flink import TILE_START, CompiledView, SourceSettings, compile_view
 from dsl.compile_stream_source import DEAD_LETTER_COLUMNS, SourceRelation, create_table, source_keys
 from dsl.expr import quote_ident
@@ -25,7 +26,7 @@ from dsl.source import EventSource
 TRANSACTION_TIMEOUT_MS = 900_000
 
 
-class StreamDefinitionError(ValueError):
+class StreamDefinitionError(FeaturectlError, ValueError):
     """A view cannot be streamed as defined; the message names it and the fix."""
 
 

@@ -18,8 +18,9 @@ import hiredis
 import numpy as np
 from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 
-from serving import redis_layout as layout
+from common.errors import FeaturectlError
 from dsl.types import ValueType
+from serving import redis_layout as layout
 from streaming.windows import ViewLayout
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ return refused
 """
 
 
-class RedisUnavailable(RuntimeError):
+class RedisUnavailable(FeaturectlError, RuntimeError):
     """Redis stayed unreachable; the message says for how long and what to do."""
 
 _FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)

@@ -24,6 +24,7 @@ from typing import Iterator, Optional, Sequence
 import redis
 from confluent_kafka import KafkaException
 
+from common.errors import FeaturectlError
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_stream_source import MAX_AHEAD_MS
 from dsl.feature_view import FeatureView
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 JOB_CHECK_INTERVAL_S = 2.0
 
 
-class StreamError(RuntimeError):
+class StreamError(FeaturectlError, RuntimeError):
     """The stream cannot start or keep running; the message says why and what to do."""
 
 

@@ -34,7 +34,7 @@ _MERGES = {"min": MIN, "max": MAX, "last": LAST, "hll": HLL}
 
 
 @dataclass(frozen=True)
-class FeatureSpec:
+class FeatureSlot:
     """One served feature: `op` over the window in `slot`, reading tile columns (by partial suffix -> index)."""
 
     name: str
@@ -59,7 +59,7 @@ class ViewLayout:
         self.merges = [self._merge(c) for c in compiled.tile_columns]
         self.hll_columns = [j for j, m in enumerate(self.merges) if m == HLL]
         self.lengths = sorted({w.tiles for w in compiled.windows})
-        self.specs = [FeatureSpec(w.name, w.op, w.kind, self.lengths.index(w.tiles),
+        self.specs = [FeatureSlot(w.name, w.op, w.kind, self.lengths.index(w.tiles),
                                   {suffix: index[column] for suffix, column in w.partials.items()})
                       for w in compiled.windows]
         self.slot_columns = [sorted({j for s in self.specs if s.slot == k for j in s.columns.values()})

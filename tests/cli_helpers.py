@@ -48,6 +48,22 @@ def copy_example_repo(folder: Path, project: str, registry: dict, online_store: 
     return repo
 
 
+def register_repo(repo: Path):
+    """`featurectl apply` in-process (a subprocess costs seconds of imports): the repo's definitions compiled and
+    registered in its Feast registry; returns the Feast `FeatureStore`."""
+    from feast import FeatureStore
+
+    from common.config import load_config
+    from dsl.compile_flink import SourceSettings
+    from dsl.compile_repo import compile_repo
+
+    cfg = load_config(repo)
+    store = FeatureStore(config=cfg.feast_repo_config())
+    store.apply(compile_repo(cfg.repo_path, SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir))
+                .feast.all())
+    return store
+
+
 def stop_process(process: subprocess.Popen, grace_s: float = 20) -> None:
     """SIGTERM, and SIGKILL if it has not exited after `grace_s`: how every test stops the server it started."""
     process.terminate()

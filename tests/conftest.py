@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cli_helpers import ROOT, featurectl
-from featurectl.config import ProjectConfig, load_config
+from common.config import ProjectConfig, load_config
 
 
 @pytest.fixture(scope="session")

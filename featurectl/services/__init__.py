@@ -10,10 +10,10 @@ from typing import Optional
 
 import click
 
-from featurectl.config import ProjectConfig
+from common.config import ProjectConfig
 from featurectl.services.kafka_broker import KafkaBroker
 from featurectl.services.postgres_server import PostgresServer
-from featurectl.services.process import LocalService, ServiceError
+from featurectl.services.process import LocalService, LocalServiceError
 from featurectl.services.redis_server import RedisServer
 
 SERVICES: dict[str, type[LocalService]] = {"redis": RedisServer, "kafka": KafkaBroker, "postgres": PostgresServer}
@@ -44,10 +44,7 @@ def services() -> None:
 def up(obj, postgres: Optional[bool], only: Optional[str]) -> None:
     """Start the services that are not running and wait until each answers; running ones are left alone."""
     for svc in wanted_services(obj.config(), only, postgres):
-        try:
-            click.echo(svc.up())
-        except ServiceError as exc:
-            raise click.ClickException(str(exc)) from exc
+        click.echo(svc.up())
 
 
 @services.command()
@@ -58,7 +55,7 @@ def down(obj) -> None:
     for svc in reversed(all_services(obj.config())):
         try:
             click.echo(svc.down())
-        except (ServiceError, OSError) as exc:
+        except (LocalServiceError, OSError) as exc:
             failures.append(f"{svc.name}: {exc}")
     if failures:
         raise click.ClickException("could not stop " + "; ".join(failures))

@@ -8,8 +8,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from batch.flink_env import jar_dir
-from featurectl.services.process import HOST, LocalService, ServiceError, port_open, spawn
+from common.flink import jar_dir
+from featurectl.services.process import HOST, LocalService, LocalServiceError, port_open, spawn
 
 JAVA_OPTS = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true"]
 
@@ -54,16 +54,16 @@ class KafkaBroker(LocalService):
         first = kafka.bootstrap_servers.split(",")[0]
         _, _, port = first.rpartition(":")
         if not port.isdigit():
-            raise ServiceError(f"platform.kafka.bootstrap_servers `{kafka.bootstrap_servers}` is not host:port, "
+            raise LocalServiceError(f"platform.kafka.bootstrap_servers `{kafka.bootstrap_servers}` is not host:port, "
                                f"e.g. 127.0.0.1:19092")
         return [int(port), kafka.controller_port]
 
     def check_installed(self) -> None:
         folder = jar_dir("kafka")
         if not any(folder.glob("kafka_2.13-*.jar")):
-            raise ServiceError(f"Kafka jars missing in {folder}: run scripts/setup.sh")
+            raise LocalServiceError(f"Kafka jars missing in {folder}: run scripts/setup.sh")
         if shutil.which("java") is None:
-            raise ServiceError("java not found on PATH: run scripts/setup.sh (Kafka needs Java 17 or newer)")
+            raise LocalServiceError("java not found on PATH: run scripts/setup.sh (Kafka needs Java 17 or newer)")
 
     def server_properties(self) -> str:
         broker, controller = self.ports
@@ -101,7 +101,7 @@ class KafkaBroker(LocalService):
                          "--config", str(self.props_file))
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
-            raise ServiceError(f"formatting Kafka storage in {self.data_dir} failed (exit {done.returncode}):\n"
+            raise LocalServiceError(f"formatting Kafka storage in {self.data_dir} failed (exit {done.returncode}):\n"
                                f"{done.stdout}{done.stderr}")
 
     def start(self) -> subprocess.Popen:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from featurectl.services.process import HOST, LocalService, ServiceError, log_tail
+from featurectl.services.process import HOST, LocalService, LocalServiceError, log_tail
 
 SUPERUSER = "postgres"
 SYSTEM_USER = "postgres"
@@ -28,7 +28,7 @@ def server_bin_dir() -> Path:
     candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
                         key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.parent.name)] or [0])
     if not candidates:
-        raise ServiceError("PostgreSQL server programs (initdb, pg_ctl) not found on PATH nor in "
+        raise LocalServiceError("PostgreSQL server programs (initdb, pg_ctl) not found on PATH nor in "
                            "/usr/lib/postgresql/*/bin: run scripts/setup.sh")
     return candidates[-1].parent
 
@@ -64,7 +64,7 @@ class PostgresServer(LocalService):
             try:
                 pwd.getpwnam(SYSTEM_USER)
             except KeyError:
-                raise ServiceError(f"running as root, PostgreSQL must run as the `{SYSTEM_USER}` system user, "
+                raise LocalServiceError(f"running as root, PostgreSQL must run as the `{SYSTEM_USER}` system user, "
                                    f"which does not exist: run scripts/setup.sh (it installs postgresql)") from None
 
     def run_as_owner(self, argv: list[str], what: str) -> None:
@@ -73,7 +73,7 @@ class PostgresServer(LocalService):
             argv = ["runuser", "-u", SYSTEM_USER, "--", *argv]
         done = subprocess.run(argv, capture_output=True, text=True, start_new_session=True)
         if done.returncode != 0:
-            raise ServiceError(f"{what} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}\n"
+            raise LocalServiceError(f"{what} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}\n"
                                f"last lines of {self.log_file}:\n{log_tail(self.log_file)}")
 
     def prepare_dirs(self) -> None:

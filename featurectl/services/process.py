@@ -17,14 +17,15 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
-from featurectl.config import ProjectConfig
+from common.config import ProjectConfig
+from common.errors import FeaturectlError
 
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 
 
-class ServiceError(Exception):
+class LocalServiceError(FeaturectlError):
     """A local service cannot start or stop; the message names the missing piece and what to do."""
 
 
@@ -88,9 +89,9 @@ def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: 
         if ready():
             return
         if not alive():
-            raise ServiceError(f"{what} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}")
+            raise LocalServiceError(f"{what} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}")
         time.sleep(0.3)
-    raise ServiceError(f"{what} did not answer within {timeout_s:.0f} s; last lines of {log_file}:\n"
+    raise LocalServiceError(f"{what} did not answer within {timeout_s:.0f} s; last lines of {log_file}:\n"
                        f"{log_tail(log_file)}")
 
 
@@ -149,7 +150,7 @@ class LocalService(ABC):
 
     @abstractmethod
     def check_installed(self) -> None:
-        """Raise ServiceError naming the missing program or jar."""
+        """Raise LocalServiceError naming the missing program or jar."""
 
     @abstractmethod
     def start(self) -> Optional[subprocess.Popen]:
@@ -173,7 +174,7 @@ class LocalService(ABC):
             return f"{self.name}: already running (pid {pid}) on {self.address}"
         busy = [port for port in self.ports if port_open(port)]
         if busy:
-            raise ServiceError(
+            raise LocalServiceError(
                 f"{self.name}: port {busy[0]} on {HOST} is in use by a process featurectl did not start: "
                 f"stop it, or change the port in feature_store.yaml")
         self.check_installed()

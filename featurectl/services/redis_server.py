@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from featurectl.services.process import HOST, LocalService, ServiceError, spawn
+from featurectl.services.process import HOST, LocalService, LocalServiceError, spawn
 
 
 class RedisServer(LocalService):
@@ -25,7 +25,7 @@ class RedisServer(LocalService):
 
     def check_installed(self) -> None:
         if shutil.which("redis-server") is None:
-            raise ServiceError("redis-server not found on PATH: run scripts/setup.sh")
+            raise LocalServiceError("redis-server not found on PATH: run scripts/setup.sh")
 
     def start(self) -> subprocess.Popen:
         argv = ["redis-server", "--bind", HOST, "--port", str(self.ports[0]), "--protected-mode", "yes",

@@ -12,9 +12,9 @@ from inference.service.conditioning import AssetFeatures, AssetProjection, onlin
 from inference.service.config import SERVICE_CONFIGS, ServiceConfig
 from inference.service.metrics import STAGES, ServiceStats
 from inference.service.pipeline import GenerationRequest, GenerationResult
-from inference.service.service import (BadRequestError, GenerationService, JobExpiredError, QueueFullError,
-                                       ServiceError)
+from inference.service.service import (BadRequestError, GenerationService, GenerationServiceError, JobExpiredError,
+                                       QueueFullError)
 
 __all__ = ["SERVICE_CONFIGS", "STAGES", "AssetFeatures", "AssetProjection", "BadRequestError", "GenerationRequest",
-           "GenerationResult", "GenerationService", "JobExpiredError", "QueueFullError", "ServiceConfig",
-           "ServiceError", "ServiceStats", "online_store"]
+           "GenerationResult", "GenerationService", "GenerationServiceError", "JobExpiredError", "QueueFullError",
+           "ServiceConfig", "ServiceStats", "online_store"]

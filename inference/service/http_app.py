@@ -32,7 +32,7 @@ import orjson
 from inference.errors import Cube3DError, MeshError
 from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
-from inference.service.service import BadRequestError, GenerationService, JobExpiredError, ServiceError
+from inference.service.service import BadRequestError, GenerationService, JobExpiredError, GenerationServiceError
 from serving.api_keys import ApiKey
 from serving.asgi_body import read_body
 from serving.gateway import TOKENS, Gateway, Refusal, key_from_headers
@@ -50,7 +50,7 @@ def _error(status: int, message: str, code: str, headers: Optional[list] = None)
 
 
 def _failure(exc: BaseException) -> Reply:
-    if isinstance(exc, ServiceError):
+    if isinstance(exc, GenerationServiceError):
         retry = [(b"retry-after", b"2")] if exc.status in (429, 503) else []
         return _error(exc.status, str(exc), exc.code, retry)
     if isinstance(exc, MeshError):
@@ -156,7 +156,7 @@ class GenerationApp:
         try:
             request, wants_job = parse_body(await _read_body(receive))
             future = self._submit(self.service, request, key)
-        except ServiceError as exc:
+        except GenerationServiceError as exc:
             return _failure(exc)
         if isinstance(future, Refusal):
             return _refused(future)
@@ -191,7 +191,7 @@ class GenerationApp:
             return refusal
         try:
             return service.submit(request)
-        except ServiceError:
+        except GenerationServiceError:
             self.gateway.refund(key, TOKENS, cost)
             raise
 

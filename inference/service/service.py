@@ -27,8 +27,8 @@ from typing import Any, Callable
 from inference.errors import Cube3DError
 from inference.service.conditioning import AssetFeatureFetcher
 from inference.service.config import ServiceConfig
-from inference.service.metrics import ServiceStats
 from inference.service.meshing import MeshOutput, MeshPool
+from inference.service.metrics import ServiceStats
 from inference.service.pipeline import GenerationRequest, GenerationResult, GridJob, Pipeline, result_of
 
 log = logging.getLogger(__name__)
@@ -36,28 +36,28 @@ log = logging.getLogger(__name__)
 MAX_PROMPT_CHARS = 1000
 
 
-class ServiceError(Cube3DError):
+class GenerationServiceError(Cube3DError):
     """Base of the service's request errors; `status` is the HTTP status they map to."""
 
     status = 500
     code = "generation_failed"
 
 
-class BadRequestError(ServiceError, ValueError):
+class BadRequestError(GenerationServiceError, ValueError):
     status, code = 400, "bad_request"
 
 
-class QueueFullError(ServiceError):
+class QueueFullError(GenerationServiceError):
     status, code = 429, "queue_full"
 
 
-class JobExpiredError(ServiceError):
+class JobExpiredError(GenerationServiceError):
     """Dropped unrun after `job_timeout_s` in the queue: overload, so 503 with Retry-After (a poll of the job: 410)."""
 
     status, code = 503, "expired"  # not a TimeoutError: HTTP reads that as its own wait passing (a 202)
 
 
-class ServiceClosedError(ServiceError):
+class ServiceClosedError(GenerationServiceError):
     status, code = 503, "closed"
 
 
@@ -208,7 +208,7 @@ class GenerationService:
             log.exception("generation batch of %d failed", len(requests))
             for future in futures.values():
                 self.stats.count("failed")
-                future.set_exception(exc if isinstance(exc, Cube3DError) else ServiceError(f"generation failed: {exc}"))
+                future.set_exception(exc if isinstance(exc, Cube3DError) else GenerationServiceError(f"generation failed: {exc}"))
 
     def _finish(self, job: GridJob, done: "Future[MeshOutput]", future: Future) -> None:
         exc = done.exception()

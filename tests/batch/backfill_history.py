@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from batch.backfill import BackfillSummary, BackfillTarget, backfill
-from batch.flink_env import create_table_env
+from common.flink import create_table_env
 from cli_helpers import ROOT
 from dsl import Repository
 from dsl.compile_flink import source_path

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import oracle
-from batch.flink_env import create_table_env
 from batch.tiles import query_tiles
+from common.flink import create_table_env
 from dsl import load_repo
 from dsl.compile_flink import source_path
 from feature_repo.sample_data import SampleSpec, interactions_table

@@ -14,7 +14,7 @@ import window_oracle as oracle
 from backfill_history import HOUR_MS, SPEC, T0_MS, T1_MS, backfilled_history, example_repo_copy, utc
 from batch.training import TrainingSetError, get_historical_features, training_table
 from cli_helpers import ROOT, featurectl
-from dsl import UnknownFeatureError, load_repo
+from dsl import UnknownReferenceError, load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP
 
 pytestmark = pytest.mark.integration
@@ -128,7 +128,7 @@ def test_training_set_errors_say_what_to_do(example_repo, backfilled, tmp_path):
         training_table(requests, ["asset_activity:views_2h"], example_repo, data_dir)
     with pytest.raises(TrainingSetError, match="is not `view:feature`"):
         training_table(requests, ["views_1h"], example_repo, data_dir)
-    with pytest.raises(UnknownFeatureError, match="feature service `ranking`: is not defined"):
+    with pytest.raises(UnknownReferenceError, match="feature service `ranking`: is not defined"):
         training_table(requests, "ranking", example_repo, data_dir)
     with pytest.raises(TrainingSetError, match="keyed by user_id; the entity rows lack user_id"):
         training_table(requests.drop_columns(["user_id"]), ["user_activity:events_1h"], example_repo, data_dir)

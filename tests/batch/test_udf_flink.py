@@ -29,7 +29,7 @@ GROUPS = {"few": (40, 20), "some": (3000, 2000), "many": (15000, 12000)}
 def env():
     """One batch TableEnvironment for the file (a PyFlink start costs seconds), with the jar built fresh."""
     subprocess.run(["bash", str(ROOT / "scripts" / "build_udf.sh")], check=True)
-    from batch.flink_env import create_table_env
+    from common.flink import create_table_env
 
     table_env = create_table_env(streaming=False)
     for ddl in function_ddl():

@@ -87,7 +87,7 @@ def build(schema, key, key_type, timestamp, features, tile) -> FeatureView:
 
 @pytest.fixture(scope="module")
 def flink_env():
-    from batch.flink_env import create_table_env
+    from common.flink import create_table_env
 
     return create_table_env(streaming=True)
 

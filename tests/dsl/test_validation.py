@@ -6,7 +6,7 @@ import pytest
 
 from dsl import (Aggregation, Attribute, DuplicateNameError, Entity, EventSource, FeatureService, FeatureView,
                  Float64, Int64, MissingTimestampError, Repository, String, Timestamp, TypeMismatchError,
-                 UnknownColumnError, UnknownFeatureError, WindowError, col)
+                 UnknownColumnError, UnknownReferenceError, WindowError, col)
 from dsl.errors import DefinitionError
 
 ASSET = Entity("asset", join_keys={"asset_id": String})
@@ -107,20 +107,20 @@ def test_duplicate_view_names_in_repo():
 def test_service_with_unknown_feature():
     v = view(Aggregation("count", windows=["1h"], name="views"))
     service = FeatureService("ranking", features=["activity:views_24h"])
-    with pytest.raises(UnknownFeatureError, match=r"feature service `ranking`: names unknown feature "
+    with pytest.raises(UnknownReferenceError, match=r"feature service `ranking`: names unknown feature "
                                                   r"`activity:views_24h`; `activity` has: views_1h"):
         Repository.of([v, service])
 
 
 def test_service_with_unknown_view():
     v = view(Aggregation("count", windows=["1h"], name="views"))
-    with pytest.raises(UnknownFeatureError, match=r"names unknown feature view `clicks`"):
+    with pytest.raises(UnknownReferenceError, match=r"names unknown feature view `clicks`"):
         Repository.of([v, FeatureService("ranking", features=["clicks:views_1h"])])
 
 
 def test_projection_of_unknown_feature_fails_eagerly():
     v = view(Aggregation("count", windows=["1h"], name="views"))
-    with pytest.raises(UnknownFeatureError, match=r"has no feature likes_1h; pick from: views_1h"):
+    with pytest.raises(UnknownReferenceError, match=r"has no feature likes_1h; pick from: views_1h"):
         v[["likes_1h"]]
 
 

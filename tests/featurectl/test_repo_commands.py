@@ -46,7 +46,7 @@ def test_plan_reports_a_definition_error_without_a_traceback(tmp_path):
 def test_apply_to_postgres_registry_and_read_back_with_feast(local_services):
     from feast import FeatureStore
 
-    from featurectl.config import load_config
+    from common.config import load_config
 
     first = featurectl("--registry", "postgres", "apply")
     assert first.returncode == 0, first.stderr

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cli_helpers import ROOT, free_port
-from featurectl.config import ProjectConfig
+from common.config import ProjectConfig
 from featurectl.services.process import read_pid
 
 

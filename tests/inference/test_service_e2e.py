@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from cli_helpers import copy_example_repo, free_port
+from cli_helpers import copy_example_repo, free_port, register_repo
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +32,9 @@ ASSETS = {
 
 
 def _repo(tmp: Path) -> Path:
-    from feast import FeatureStore
-
-    from featurectl.config import load_config
-    from featurectl.repo_commands import compile_repo
-
     project = f"gen_{uuid.uuid4().hex[:8]}"
     repo = copy_example_repo(tmp, project, {"path": f"sqlite:///{tmp / project}.db"}, data_dir=tmp / "data")
-    cfg = load_config(repo)
-    FeatureStore(config=cfg.feast_repo_config()).apply(compile_repo(cfg)[1].all())
+    register_repo(repo)
     return repo
 
 
@@ -51,7 +45,7 @@ def _materialize(repo: Path) -> None:
     from batch.materialize import materialize_view
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
-    from featurectl.config import load_config
+    from common.config import load_config
 
     cfg = load_config(repo)
     views = load_repo(repo)
@@ -85,7 +79,7 @@ def store_repo(tmp_path_factory, local_services) -> Path:
 
 @pytest.fixture(scope="module")
 def service(store_repo):
-    from featurectl.config import load_config
+    from common.config import load_config
     from inference.service import GenerationService, ServiceConfig, online_store
 
     project = load_config(store_repo)

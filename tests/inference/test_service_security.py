@@ -18,8 +18,8 @@ import psutil
 import pytest
 import yaml
 
-from cli_helpers import ROOT, cli_server, featurectl
-from featurectl.config import load_config
+from cli_helpers import ROOT, cli_server, featurectl, register_repo
+from common.config import load_config
 from serving.api_keys import KeyStore
 
 pytestmark = pytest.mark.integration
@@ -50,10 +50,6 @@ def _call(url: str, body: dict | None = None, key: str | None = None):
 
 def _repo(folder: Path, redis_address: str) -> Path:
     """The example definitions under a project of their own, registered in a SQLite registry."""
-    from feast import FeatureStore
-
-    from featurectl.repo_commands import compile_repo
-
     repo = folder / "genkeys"
     repo.mkdir()
     shutil.copy(ROOT / "feature_repo" / "features.py", repo / "features.py")
@@ -62,8 +58,7 @@ def _repo(folder: Path, redis_address: str) -> Path:
     settings["registry"]["path"] = f"sqlite:///{folder / 'registry.db'}"
     settings["platform"] = {"auth": {"enabled": True, "refresh_s": REFRESH_S}}    # keys on from the config
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    cfg = load_config(repo)
-    FeatureStore(config=cfg.feast_repo_config()).apply(compile_repo(cfg)[1].all())
+    register_repo(repo)
     return repo
 
 

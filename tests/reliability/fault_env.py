@@ -23,8 +23,8 @@ from typing import Iterator, Optional
 
 import cli_helpers
 from cli_helpers import ROOT, copy_example_repo, featurectl, free_port
+from common.config import ProjectConfig, load_config
 from dsl.feature_view import FeatureView
-from featurectl.config import ProjectConfig, load_config
 from featurectl.services import KafkaBroker, PostgresServer, RedisServer
 from featurectl.services.process import LocalService
 

@@ -27,7 +27,7 @@ def repo(tmp_path_factory):
     """The example repo in a SQLite registry with a few assets' values in a private Redis."""
     from feast import FeatureStore
 
-    from featurectl.config import load_config
+    from common.config import load_config
 
     folder = tmp_path_factory.mktemp("http_fuzz")
     services = PrivateServices(folder / "services")

@@ -40,7 +40,7 @@ def write_values(repo: Path) -> None:
     """VALUES through Feast's own online write, so the oracle is independent of our writers."""
     from feast import FeatureStore
 
-    from featurectl.config import load_config
+    from common.config import load_config
 
     store = FeatureStore(config=load_config(repo).feast_repo_config())
     sibling("serving_env", "serving").feast_rows(store, "asset_activity", VALUES,

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional
 
-from cli_helpers import cli_server, copy_example_repo, free_port, stop_process
+from cli_helpers import cli_server, copy_example_repo, free_port, register_repo, stop_process
 
 
 def _free_cluster_port() -> int:
@@ -33,18 +33,9 @@ def _free_cluster_port() -> int:
 
 def make_repo(folder: Path, project: str, connection_string: str, redis_type: str = "redis"):
     """The example repo's definitions under `project`, registered in a SQLite registry; returns (repo, store)."""
-    from feast import FeatureStore
-
-    from featurectl.config import load_config
-    from featurectl.repo_commands import compile_repo
-
     repo = copy_example_repo(folder, project, {"path": f"sqlite:///{folder / project}.db"},
                              {"type": "redis", "redis_type": redis_type, "connection_string": connection_string})
-    cfg = load_config(repo)
-    _, objects, _ = compile_repo(cfg)
-    store = FeatureStore(config=cfg.feast_repo_config())
-    store.apply(objects.all())
-    return repo, store
+    return repo, register_repo(repo)
 
 
 def _wait_for_ping(port: int, timeout_s: float = 15) -> None:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from serving_env import feast_rows, feature_server, free_port, get, make_repo, post
 
-from featurectl.config import load_config
+from common.config import load_config
 from serving import AsyncOnlineClient, OnlineClient
 from serving.errors import RedisUnavailableError, ServingError
 from serving.redis_connect import RedisConfigError, RedisSettings, redis_client

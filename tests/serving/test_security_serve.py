@@ -18,7 +18,7 @@ import yaml
 from serving_env import RedisServer, feast_rows, feature_server, free_port, make_repo
 
 from cli_helpers import featurectl
-from featurectl.config import load_config
+from common.config import load_config
 from serving.api_keys import KeyStore
 
 pytestmark = pytest.mark.integration

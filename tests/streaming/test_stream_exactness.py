@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_helpers import featurectl
-from featurectl.config import load_config
+from common.config import load_config
 from feature_repo.sample_data import SampleSpec, interaction_columns
 from stream_env import (LATENESS_MS, EventLog, StreamProcess, StreamRepo, boundary, dead_letters, dead_payload,
                         expected, mismatches, produce, served)
@@ -186,7 +186,7 @@ def test_feast_and_our_sdk_read_the_served_values(run):
 
 def test_batch_backfill_agrees_at_the_same_instants(run, tmp_path_factory):
     from batch.backfill import BackfillTarget, backfill
-    from batch.flink_env import create_table_env
+    from common.flink import create_table_env
     from batch.offline_table import read_range
     from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 

@@ -273,7 +273,7 @@ def test_a_killed_stream_resumes_and_ends_exact(env):
 def test_a_backfill_over_history_and_live_events_agrees(env, tmp_path_factory):
     """The live events written to the Parquet history too, a backfill over both gives the served values."""
     from batch.backfill import BackfillTarget, backfill
-    from batch.flink_env import create_table_env
+    from common.flink import create_table_env
     from batch.offline_table import read_range
     from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 

@@ -11,8 +11,10 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional
 
+from common.errors import FeaturectlError
 
-class FlinkSetupError(RuntimeError):
+
+class FlinkSetupError(FeaturectlError, RuntimeError):
     """Flink cannot start as configured; the message names the missing piece."""
 
 

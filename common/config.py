@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.errors import FeaturectlError
+
 if TYPE_CHECKING:
     from serving.redis_connect import RedisSettings
 
 DEFAULT_REPO = Path("feature_repo")
 
 
-class ConfigError(Exception):
+class ConfigError(FeaturectlError):
     """The repo's settings are missing or wrong; the message says which and how to fix them."""
 
 

@@ -1,0 +1,48 @@
+"""Every error a user can act on reaches them as one line (`Error: ...`, exit 1) or as click's usage message for a
+bad option value (exit 2), never as a traceback."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cli_helpers import copy_example_repo, featurectl
+
+
+def _one_line_error(done, *fragments: str) -> None:
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def test_an_unknown_view_is_one_line(tmp_path):
+    repo = copy_example_repo(tmp_path, "errs", {"path": f"sqlite:///{tmp_path / 'registry.db'}"})
+    done = featurectl("--repo", str(repo), "materialize-incremental", "2026-01-01", "--view", "nosuch")
+    _one_line_error(done, "feature view `nosuch`", "is not defined")
+
+
+def test_a_missing_repo_is_one_line(tmp_path):
+    _one_line_error(featurectl("--repo", str(tmp_path / "nowhere"), "plan"), "no feature_store.yaml")
+
+
+@pytest.mark.integration
+def test_stream_against_a_redis_cluster_is_one_line(tmp_path, local_services):
+    repo = copy_example_repo(tmp_path, "errs_cluster", {"path": f"sqlite:///{tmp_path / 'registry.db'}"},
+                             {"type": "redis", "redis_type": "redis_cluster",
+                              "connection_string": ":".join(map(str, local_services.redis_host_port))},
+                             data_dir=tmp_path / "data")
+    settings = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    settings["platform"]["state_dir"] = str(tmp_path / "state")
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    _one_line_error(featurectl("--repo", str(repo), "stream", "--view", "asset_activity"), "single Redis node")
+
+
+def test_a_bad_instant_is_a_usage_error_with_the_rule(tmp_path):
+    repo = copy_example_repo(tmp_path, "errs_time", {"path": f"sqlite:///{tmp_path / 'registry.db'}"})
+    for args in (("materialize", "last week", "2026-01-02"), ("backfill", "--start", "2026-01-01", "--end", "soon")):
+        done = featurectl("--repo", str(repo), *args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "is not a date or time" in done.stderr and "UTC unless an offset is given" in done.stderr

@@ -1,25 +1,26 @@
-"""`featurectl bench NAME`: each benchmark is a module `bench/NAME.py` exposing a click command `command`."""
+"""`featurectl bench NAME`: each benchmark is a module `bench/NAME.py` of the source checkout exposing a click
+command `command`."""
 
 from __future__ import annotations
 
-import importlib
 import pkgutil
 
 import click
+
+from featurectl.checkout import checkout_module
 
 
 class BenchGroup(click.Group):
     """Finds benchmarks by module name so that adding `bench/NAME.py` is all a new benchmark needs."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        import bench
-
+        bench = checkout_module("bench")
         return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in self.list_commands(ctx):
             return None
-        return importlib.import_module(f"bench.{name}").command
+        return checkout_module(f"bench.{name}").command
 
 
 @click.group(cls=BenchGroup)

@@ -7,11 +7,11 @@ import datetime as dt
 import click
 from tqdm import tqdm
 
+from featurectl.checkout import checkout_module
+
 
 def _spec(seed: int, assets: int, users: int):
-    from feature_repo.sample_data import SampleSpec
-
-    return SampleSpec(n_assets=assets, n_users=users, seed=seed)
+    return checkout_module("feature_repo.sample_data").SampleSpec(n_assets=assets, n_users=users, seed=seed)
 
 
 @click.group()
@@ -29,7 +29,7 @@ def datagen() -> None:
 @click.pass_obj
 def history(ctx, start: str | None, days: int, events_per_day: int, assets: int, users: int, seed: int) -> None:
     """Parquet files of interactions (one per day) and the asset catalog, under the data folder."""
-    from feature_repo.sample_data import write_history
+    write_history = checkout_module("feature_repo.sample_data").write_history
 
     cfg = ctx.config()
     today = dt.datetime.now(dt.timezone.utc).date()
@@ -52,7 +52,7 @@ def history(ctx, start: str | None, days: int, events_per_day: int, assets: int,
 @click.pass_obj
 def live(ctx, rate: float, seconds: float, topic: str, assets: int, users: int, seed: int) -> None:
     """Produce interactions into Kafka at a steady rate, stamped with the current time."""
-    from feature_repo.sample_data import produce_live
+    produce_live = checkout_module("feature_repo.sample_data").produce_live
 
     cfg = ctx.config()
     with tqdm(total=int(rate * seconds), unit="ev", unit_scale=True, desc=f"-> {topic}") as bar:

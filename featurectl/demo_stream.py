@@ -18,6 +18,8 @@ from typing import Callable, Optional
 
 import click
 
+from featurectl.checkout import checkout_module
+
 VIEW = "asset_activity"
 ASSETS = ("asset_000000", "asset_000001", "asset_000002")  # SampleSpec(n_assets=3) draws its events among these
 FEATURES = ("views_10m", "likes_10m", "unique_users_1h", "last_user_24h")
@@ -84,7 +86,8 @@ def _read(client) -> dict[str, list]:
 def _produce_and_watch(cfg, client, seconds: float, rate: float) -> float:
     """Produce in a thread, print views_10m of each asset every few seconds; returns when the last event was made
     (epoch ms)."""
-    from feature_repo.sample_data import SampleSpec, produce_live
+    sample_data = checkout_module("feature_repo.sample_data")
+    SampleSpec, produce_live = sample_data.SampleSpec, sample_data.produce_live
 
     topic = _topic(cfg)
     done: dict[str, Optional[BaseException]] = {"error": None}

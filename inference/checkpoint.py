@@ -21,7 +21,7 @@ def expected_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def released_shapes(path: str | Path, version: str) -> dict[str, tuple[int, ...]]:
-    """The names and shapes listed in a `*_state_dict_shapes.json` file (shared/cube3d/) for one version."""
+    """The names and shapes listed in a `*_state_dict_shapes.json` file (tests/data/cube3d/) for one version."""
     table = json.loads(Path(path).read_text())
     return {k: tuple(v) for k, v in table[version].items()}
 

@@ -66,7 +66,7 @@ class Cube3DConfig:
 CUBE3D_CONFIGS: dict[str, Cube3DConfig] = {
     "v0.1": Cube3DConfig(),
     "v0.5": Cube3DConfig(use_bbox=True, n_generated=1024),
-    # the architecture of shared/cube3d/tiny_reference.json
+    # the architecture of tests/data/cube3d/tiny_reference.json
     "tiny": Cube3DConfig(n_layer=2, n_single_layer=1, n_head=4, n_embd=128, shape_model_vocab_size=64,
                          shape_model_embed_dim=8, text_model_embed_dim=16, text_tokens=5, use_bbox=True,
                          n_generated=12),

@@ -5,7 +5,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time the names load on first use (below)
+    from serving.client import AsyncOnlineClient, OnlineClient
+    from serving.result import OnlineFeatures
 
 __all__ = ["AsyncOnlineClient", "OnlineClient", "OnlineFeatures"]
 

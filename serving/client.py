@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, TypeVar, overload
 
 from serving.catalog import CatalogRefresher
 from serving.plan import Plan, build_plan
@@ -22,7 +22,13 @@ from serving.redis_node import AsyncNode, RedisSettings, SyncNode
 from serving.request import EntityRows, PreparedRequest
 from serving.result import OnlineFeatures
 
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
 Features = Sequence[str] | str  # `view:feature` references, or a feature service name
+Output = Literal["dict", "arrow", "pandas"]
+Client = TypeVar("Client", bound="_ClientCore")
 _MAX_PLANS = 1024
 
 
@@ -39,7 +45,8 @@ class _ClientCore:
         self._plans: dict[tuple, Plan] = {}
 
     @classmethod
-    def from_repo(cls, repo: str | Path = "feature_repo", registry: Optional[str] = None, **kwargs: Any):
+    def from_repo(cls: type[Client], repo: str | Path = "feature_repo", registry: Optional[str] = None,
+                  **kwargs: Any) -> Client:
         """A client for a feature repo folder (its feature_store.yaml); `registry` overrides the registry URL."""
         from common.config import load_config
 
@@ -74,8 +81,20 @@ class OnlineClient(_ClientCore):
         request = self.prepare(features, entity_rows, full_feature_names)
         return request.finish(self.redis.read(request.keys, request.commands) if request.commands else [])
 
+    @overload
+    def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
+                     output: Literal["dict"] = ...) -> dict[str, list[Any]]: ...
+
+    @overload
+    def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
+                     output: Literal["arrow"]) -> pa.Table: ...
+
+    @overload
+    def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
+                     output: Literal["pandas"]) -> pd.DataFrame: ...
+
     def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = False,
-                     output: str = "dict") -> Any:
+                     output: Output = "dict") -> Any:
         """Columns in request order (join keys first): a dict of lists, or `output="arrow"` / `"pandas"`."""
         return self.get_online_features(features, entity_rows, full_feature_names=full_feature_names).to(output)
 
@@ -106,8 +125,20 @@ class AsyncOnlineClient(_ClientCore):
         request = self.prepare(features, entity_rows, full_feature_names)
         return request.finish(await self.redis.read(request.keys, request.commands) if request.commands else [])
 
+    @overload
+    async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
+                           output: Literal["dict"] = ...) -> dict[str, list[Any]]: ...
+
+    @overload
+    async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
+                           output: Literal["arrow"]) -> pa.Table: ...
+
+    @overload
+    async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
+                           output: Literal["pandas"]) -> pd.DataFrame: ...
+
     async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = False,
-                           output: str = "dict") -> Any:
+                           output: Output = "dict") -> Any:
         response = await self.get_online_features(features, entity_rows, full_feature_names=full_feature_names)
         return response.to(output)
 

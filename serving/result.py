@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from dsl.types import ValueType
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
 
 EPOCH = "1970-01-01T00:00:00Z"
 PRESENT, NULL_VALUE, NOT_FOUND, OUTSIDE_MAX_AGE = "PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"
@@ -120,7 +124,7 @@ class OnlineFeatures:
             out[name] = self.values[name]
         return out
 
-    def to_arrow(self):
+    def to_arrow(self) -> pa.Table:
         import pyarrow as pa
 
         arrays = {}
@@ -129,7 +133,7 @@ class OnlineFeatures:
             arrays[name] = pa.array(values, type=kind.arrow_type() if kind else None)
         return pa.table(arrays)
 
-    def to_pandas(self):
+    def to_pandas(self) -> pd.DataFrame:
         return self.to_arrow().to_pandas()
 
     def to(self, output: str) -> Any:

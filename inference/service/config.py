@@ -63,7 +63,7 @@ class ServiceConfig:
 SERVICE_CONFIGS: dict[str, ServiceConfig] = {
     "v0.1": ServiceConfig(),
     "v0.5": ServiceConfig(model="v0.5"),
-    # the tiny architecture of shared/cube3d/tiny_reference.json: CPU tests and CI-sized benchmarks
+    # the tiny architecture of tests/data/cube3d/tiny_reference.json: CPU tests and CI-sized benchmarks
     "tiny": ServiceConfig(model="tiny", device="cpu", resolution=5, coarse_levels=2, batch_buckets=(1, 4),
                           mesh_workers=2, random_text_layers=1),
 }

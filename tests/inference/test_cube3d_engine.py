@@ -102,10 +102,10 @@ def test_parameters_stay_views_of_the_fused_weights(engine):
 
 
 @needs_cuda
-def test_fast_path_reproduces_the_reference_on_gpu(shared_cube3d, tiny_reference):
+def test_fast_path_reproduces_the_reference_on_gpu(cube3d_data, tiny_reference):
     cond = tiny_reference["expected.cond"]
     for mode in ("fast", "graph"):
-        engine = Engine("tiny", shared_cube3d / "tiny_reference.safetensors", "cuda", weights_prefix="model.", mode=mode)
+        engine = Engine("tiny", cube3d_data / "tiny_reference.safetensors", "cuda", weights_prefix="model.", mode=mode)
         ids = engine.generate(cond[0:1], cond[1:2])
         assert torch.equal(ids, tiny_reference["expected.greedy_cfg_ids"]), mode
 

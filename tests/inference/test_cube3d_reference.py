@@ -21,22 +21,22 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("version,params", [("v0.1", 1_793_525_376), ("v0.5", 1_793_531_520)])
-def test_released_names_and_shapes(shared_cube3d, version, params):
+def test_released_names_and_shapes(cube3d_data, version, params):
     with torch.device("meta"):
         model = Cube3DDecoder(Cube3DConfig.from_name(version))
-    check_names(version, released_shapes(shared_cube3d / "gpt_state_dict_shapes.json", version), expected_shapes(model))
+    check_names(version, released_shapes(cube3d_data / "gpt_state_dict_shapes.json", version), expected_shapes(model))
     assert sum(p.numel() for p in model.parameters()) == params
 
 
-def test_shape_tokenizer_names_are_the_released_generation_parts(shared_cube3d):
-    want = released_shapes(shared_cube3d / "shape_tokenizer_state_dict_shapes.json", "v0.1")
+def test_shape_tokenizer_names_are_the_released_generation_parts(cube3d_data):
+    want = released_shapes(cube3d_data / "shape_tokenizer_state_dict_shapes.json", "v0.1")
     with torch.device("meta"):
         model = ShapeTokenizer(ShapeTokenizerConfig.from_name("v0.1"))
     check_names("v0.1", {k: v for k, v in want.items() if not k.startswith(ENCODER_PREFIXES)}, expected_shapes(model))
 
 
-def test_tiny_config_matches_the_reference_json(shared_cube3d):
-    ref = json.loads((shared_cube3d / "tiny_reference.json").read_text())
+def test_tiny_config_matches_the_reference_json(cube3d_data):
+    ref = json.loads((cube3d_data / "tiny_reference.json").read_text())
     cfg = Cube3DConfig.from_name("tiny")
     for key in ("n_layer", "n_single_layer", "n_head", "n_embd", "shape_model_vocab_size", "text_model_embed_dim",
                 "shape_model_embed_dim", "use_bbox", "bos_id", "eos_id", "padding_id", "n_generated"):
@@ -45,9 +45,9 @@ def test_tiny_config_matches_the_reference_json(shared_cube3d):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(shared_cube3d) -> Cube3DDecoder:
+def tiny_model(cube3d_data) -> Cube3DDecoder:
     model = Cube3DDecoder(Cube3DConfig.from_name("tiny")).eval()
-    load_safetensors(model, shared_cube3d / "tiny_reference.safetensors", prefix="model.")
+    load_safetensors(model, cube3d_data / "tiny_reference.safetensors", prefix="model.")
     return model
 
 
@@ -65,8 +65,8 @@ def test_teacher_forced_logits(tiny_model, tiny_reference):
 
 
 @pytest.mark.parametrize("mode", ["eager", "nocache"])
-def test_greedy_guided_ids(shared_cube3d, tiny_reference, mode):
-    engine = Engine("tiny", shared_cube3d / "tiny_reference.safetensors", weights_prefix="model.", mode=mode)
+def test_greedy_guided_ids(cube3d_data, tiny_reference, mode):
+    engine = Engine("tiny", cube3d_data / "tiny_reference.safetensors", weights_prefix="model.", mode=mode)
     cond = tiny_reference["expected.cond"]
     ids = engine.generate(cond[0:1], cond[1:2])
     assert torch.equal(ids, tiny_reference["expected.greedy_cfg_ids"])
@@ -79,10 +79,10 @@ def test_unknown_config_lists_valid_names():
         ShapeTokenizerConfig.from_name("big")
 
 
-def test_checkpoint_for_another_config_is_refused(shared_cube3d):
+def test_checkpoint_for_another_config_is_refused(cube3d_data):
     with torch.device("meta"):
         model = Cube3DDecoder(Cube3DConfig.from_name("v0.1"))
     with pytest.raises(CheckpointError, match="wrong shape") as err:
-        load_safetensors(model, shared_cube3d / "tiny_reference.safetensors", prefix="model.")
+        load_safetensors(model, cube3d_data / "tiny_reference.safetensors", prefix="model.")
     assert "transformer.wte.weight" in " ".join(err.value.mismatched)
     assert any(k.startswith("transformer.dual_blocks.2.") for k in err.value.missing)

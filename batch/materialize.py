@@ -4,8 +4,8 @@ Same semantics as Feast's `materialize`: rows with `start <= event_timestamp <= 
 and the interval is recorded on the feature view in the registry. Differences are in how, not what:
 - the offline table is scanned in Arrow record batches, so memory stays flat whatever its size;
 - keys, values and the RESP bytes of every HSET are built column by column by Arrow and numpy
-  (`serving.redis_columns`), never row by row in Python nor through protobuf objects;
-- a key that does not exist yet is created whole by one RESTORE of a prebuilt hash (`batch.redis_dump`);
+  (`redis_store.columns`), never row by row in Python nor through protobuf objects;
+- a key that does not exist yet is created whole by one RESTORE of a prebuilt hash (`redis_store.dump`);
   the others are written check-and-set with WATCH/MULTI/EXEC (`batch.redis_writer`), so an older row never
   overwrites a newer one, also against a concurrent streaming writer;
 - encoding and Redis round trips overlap: two threads encode batches while the writer's threads send.
@@ -27,13 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from batch import redis_dump as dump
 from batch.redis_writer import CHECKED_ROWS, CheckedChunkWriter, RowCommands
 from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
-from serving import redis_columns as columns
-from serving import redis_layout as layout
+from redis_store import columns, dump, layout
+from redis_store.node import SyncNode
+from redis_store.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 RESTORE_ROWS = 512  # rows per RESTORE round trip; the ones whose key exists go on in checked chunks
@@ -110,18 +110,22 @@ def encode_commands(table: pa.Table, view: FeatureView, project: str,
     return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable, key_ttl_s=key_ttl_s)
 
 
-def materialize_view(client, view: FeatureView, project: str, offline_path: Path, start: datetime, end: datetime,
-                     batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
+def materialize_view(settings: RedisSettings, view: FeatureView, project: str, offline_path: Path, start: datetime,
+                     end: datetime, batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
                      on_rows: Optional[Callable[[int], None]] = None) -> MaterializeStats:
-    """Write the latest value per entity in [start, end] of one view's offline table to Redis; every key written
-    expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`).
+    """Write the latest value per entity in [start, end] of one view's offline table to the Redis of `settings`;
+    every key written expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`).
 
     `encoders` threads encode batches side by side (Arrow and numpy release the GIL) while the writer's threads
     send; at most that many batches are in flight, so memory stays flat."""
     stats = MaterializeStats(view.name)
     started = time.perf_counter()
-    limits = dump.listpack_limits(client)
-    writer = CheckedChunkWriter(client)
+    node = SyncNode(settings, settings.single_node("materialization (transactions over chunks of keys)"))
+    try:
+        limits = dump.listpack_limits(node)
+    finally:
+        node.close()
+    writer = CheckedChunkWriter(settings)
 
     def encode_and_send(batch: pa.RecordBatch) -> int:
         latest = latest_per_entity(batch, list(view.entity.join_keys))

@@ -1,6 +1,6 @@
 """Chunks of rows -> one Redis node, each row written only if nothing newer is there, in as few commands as it takes.
 
-New keys first: a chunk's rows that can be (`batch.redis_dump`) are sent as `RESTORE key ttl payload` without
+New keys first: a chunk's rows that can be (`redis_store.dump`) are sent as `RESTORE key ttl payload` without
 REPLACE, which creates the whole hash in one command and refuses a key that exists: that is an atomic "create if
 absent", and costs Redis a third of an HSET. The rows refused go the checked way.
 
@@ -13,9 +13,10 @@ server than a Lua script that receives every value as an argument. Checked chunk
 Redis checks each WATCHed key against the connection's others; in steady state one round trip carries one
 chunk's transaction and the next chunk's check.
 
-The commands are Arrow binary arrays whose data buffer is the RESP stream itself (`serving.redis_columns`); they
-go to the socket in one write per round trip and the replies are parsed by hiredis, so the Python cost per row is
-small. Writer threads (one connection each) run beside the encoding of the next batch."""
+The commands are Arrow binary arrays whose data buffer is the RESP stream itself (`redis_store.columns`); they
+go to the socket in one write per round trip on a `redis_store.node.Connection` (the client every part uses)
+and the replies are parsed by hiredis, so the Python cost per row is small. Writer threads (one connection each)
+run beside the encoding of the next batch."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch.redis_dump import Encoded
 from common.errors import FeaturectlError
-from serving import redis_columns as columns
-from serving.redis_layout import decode_timestamp_ms
+from redis_store import columns
+from redis_store.dump import Encoded
+from redis_store.layout import decode_timestamp_ms
+from redis_store.node import Connection, unavailable
+from redis_store.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _UNWATCH = b"*1\r\n$7\r\nUNWATCH\r\n"
 _OK = b"+OK\r\n"
 ATTEMPTS = 20
+WRITE_TIMEOUT_S = 30.0  # a round trip carries a whole chunk's transaction
 CHECKED_ROWS = 64  # keys per WATCH: Redis compares each watched key with the connection's others
 PROBE_EVERY = 8  # batches between RESTORE attempts once most keys were found to exist
 
@@ -121,14 +125,15 @@ class CheckedChunkWriter:
     Several connections work at once so that Redis never waits on one chunk's round trips; rows of one entity in
     chunks handled by different connections stay correct because RESTORE and each checked chunk are atomic."""
 
-    def __init__(self, client, connections: int = 3, depth: int = 64):
+    def __init__(self, settings: RedisSettings, connections: int = 3, depth: int = 64):
         self.pending: "queue.Queue[Optional[RowCommands]]" = queue.Queue(maxsize=depth)
         self.written = self.skipped_older = self.retries = self.restored = 0
         self.error: Optional[BaseException] = None
         self.restore_refused: Optional[str] = None
         self._found_share = 0.0  # recent share of RESTOREs whose key already existed
         self._asked = 0
-        self._pool = client.connection_pool
+        self.address = settings.single_node("materialization (transactions over chunks of keys)")
+        self.settings = dataclasses.replace(settings, timeout_s=max(settings.timeout_s, WRITE_TIMEOUT_S), spin_s=0.0)
         self._lock = threading.Lock()
         self._ended = threading.local()
         self._threads = [threading.Thread(target=self._run, name=f"redis-writer-{i}", daemon=True)
@@ -158,16 +163,18 @@ class CheckedChunkWriter:
 
     def _run(self) -> None:
         self._ended.flag = False
-        conn = self._pool.get_connection()
+        where = f"{self.address[0]}:{self.address[1]}"
+        conn = None
         try:
-            conn.connect()
-            self._pipeline(_Channel(conn))
-        except BaseException as exc:  # surfaced to the caller by send() or close()
+            conn = Connection(self.settings, self.address)
+            self._pipeline(conn)
+        except OSError as exc:  # surfaced to the caller by send() or close()
+            self.error = unavailable(where, exc, self.settings.timeout_s)
+        except BaseException as exc:
             self.error = exc
         finally:
-            if self.error:  # this connection may still hold WATCHes: never hand it back as it is
-                conn.disconnect()
-            self._pool.release(conn)
+            if conn is not None:
+                conn.close()
             while not self._ended.flag:  # wait for this thread's end marker, so that close() never blocks
                 self._queued()
 
@@ -176,7 +183,7 @@ class CheckedChunkWriter:
         self._ended.flag = rows is None
         return rows
 
-    def _pipeline(self, channel: "_Channel") -> None:
+    def _pipeline(self, channel: Connection) -> None:
         """One round trip per chunk: the previous chunk's MULTI/HSET/EXEC, then this chunk's WATCH and HGETs
         (EXEC drops the old watches, so the new ones start clean). An aborted EXEC is retried the careful way."""
         checked: deque = deque()
@@ -197,25 +204,25 @@ class CheckedChunkWriter:
             return checked.popleft()
 
         rows = next_rows()
-        stored = channel.round_trip(_check(rows), 1 + len(rows))[1:] if rows is not None else []
+        stored = _round_trip(channel, _check(rows), 1 + len(rows))[1:] if rows is not None else []
         while rows is not None and not self.error:
             following = next_rows()
             keep = _newer(stored, rows.millis)
             commit, expected = _commit(rows, keep)
             check = _check(following) if following is not None else []
-            replies = channel.round_trip(commit + check, expected + (1 + len(following) if check else 0))
+            replies = _round_trip(channel, commit + check, expected + (1 + len(following) if check else 0))
             if len(keep) and replies[expected - 1] is None:
-                channel.round_trip([_UNWATCH], 1)
+                _round_trip(channel, [_UNWATCH], 1)
                 written, skipped, retries = self._write(channel, rows)
                 self._count(written, skipped, retries + 1)
-                stored = channel.round_trip(check, 1 + len(following))[1:] if check else []
+                stored = _round_trip(channel, check, 1 + len(following))[1:] if check else []
             else:
                 _raise_failed(replies[expected - 1] if len(keep) else [])
                 self._count(len(keep), len(rows) - len(keep), 0)
                 stored = replies[expected + 1:]
             rows = following
 
-    def _restore(self, channel: "_Channel", rows: RowCommands) -> Optional[RowCommands]:
+    def _restore(self, channel: Connection, rows: RowCommands) -> Optional[RowCommands]:
         """RESTORE the restorable rows; what remains (keys that existed, rows that cannot be restored) is returned
         for the checked path, None when nothing does. A RESTORE refused for any other reason (an ACL, a server
         that cannot load the payload) turns RESTOREs off for the rest of the run; those rows are written the
@@ -224,7 +231,7 @@ class CheckedChunkWriter:
         if len(chosen) == 0:
             return rows
         commands = rows.restores if len(chosen) == len(rows) else rows.restores.take(pa.array(chosen))
-        replies = channel.round_trip([columns.command_bytes(commands, 0, len(commands))], len(chosen),
+        replies = _round_trip(channel, [columns.command_bytes(commands, 0, len(commands))], len(chosen),
                                      refusals=True, all_ok=True)
         if replies is None:  # every key created
             created, refused = np.ones(len(chosen), dtype=bool), []
@@ -248,13 +255,13 @@ class CheckedChunkWriter:
             self.skipped_older += skipped
             self.retries += retries
 
-    def _write(self, channel: "_Channel", rows: RowCommands) -> tuple[int, int, int]:
+    def _write(self, channel: Connection, rows: RowCommands) -> tuple[int, int, int]:
         """One chunk alone, checked and written until no concurrent write interferes: (rows written, rows
         skipped as older than Redis's, attempts refused by a concurrent write)."""
         for attempt in range(ATTEMPTS):
-            keep = _newer(channel.round_trip(_check(rows), 1 + len(rows))[1:], rows.millis)
+            keep = _newer(_round_trip(channel, _check(rows), 1 + len(rows))[1:], rows.millis)
             commit, expected = _commit(rows, keep)
-            replies = channel.round_trip(commit, expected)
+            replies = _round_trip(channel, commit, expected)
             if len(keep) == 0 or replies[-1] is not None:
                 _raise_failed(replies[-1] if len(keep) else [])
                 return len(keep), len(rows) - len(keep), attempt
@@ -295,45 +302,15 @@ def _newer(stored: list, millis: np.ndarray) -> np.ndarray:
     return np.flatnonzero(keep)
 
 
-class _Channel:
-    """Raw RESP on a connection redis-py has opened, authenticated and (if configured) wrapped in TLS: the
-    replies of a chunk are parsed by hiredis in one loop instead of one redis-py call per reply."""
-
-    def __init__(self, conn):
-        self.sock = conn._sock
-        self.reader = hiredis.Reader()
-        self.buffer = bytearray(1 << 20)
-
-    def round_trip(self, payload: list, replies: int, refusals: bool = False, all_ok: bool = False) -> Optional[list]:
-        """Send, then read exactly `replies` replies; a Redis error reply becomes a RedisWriteError unless
-        `refusals` asks for error replies to be returned among the others. With `all_ok`, an answer that is
-        nothing but `+OK`s is known by its bytes, without parsing each reply: None then."""
-        self.sock.sendall(b"".join(payload))  # one segment: Redis wakes once per round trip, not once per part
-        if all_ok:
-            received = self._receive(len(_OK) * replies)
-            if received == _OK * replies:
-                return None
-            self.reader.feed(received)
-        out = []
-        while len(out) < replies:
-            reply = self.reader.gets()
-            if reply is False:
-                size = self.sock.recv_into(self.buffer)
-                if not size:
-                    raise ConnectionError("Redis closed the connection while materializing")
-                self.reader.feed(self.buffer, 0, size)
-                continue
-            if isinstance(reply, hiredis.ReplyError) and not refusals:
-                raise RedisWriteError(f"Redis refused a write: {reply}")
-            out.append(reply)
-        return out
-
-    def _receive(self, size: int) -> bytes:
-        """At least `size` bytes (more are never waited for, and nothing is left unread that came with them)."""
-        received = bytearray()
-        while len(received) < size:
-            got = self.sock.recv_into(self.buffer)
-            if not got:
-                raise ConnectionError("Redis closed the connection while materializing")
-            received += memoryview(self.buffer)[:got]
-        return bytes(received)
+def _round_trip(conn: Connection, parts: list, count: int, refusals: bool = False,
+                all_ok: bool = False) -> Optional[list]:
+    """Send, then read exactly `count` replies; a Redis error reply becomes a RedisWriteError unless `refusals`
+    asks for error replies to be returned among the others. With `all_ok`, an answer that is nothing but `+OK`s
+    is known by its bytes, without parsing each reply: None then."""
+    conn.write(b"".join(parts))  # one segment: Redis wakes once per round trip, not once per part
+    replies = conn.read_expected(_OK * count, count) if all_ok else conn.read(count)
+    if replies is not None and not refusals:
+        failed = next((r for r in replies if isinstance(r, hiredis.ReplyError)), None)
+        if failed is not None:
+            raise RedisWriteError(f"Redis refused a write: {failed}")
+    return replies

@@ -56,7 +56,7 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
     from feature_repo.sample_data import SampleSpec, catalog_table
     from common.config import load_config
-    from serving.redis_connect import redis_client
+    from redis_store.settings import RedisSettings
 
     project = f"bench_gen_{uuid.uuid4().hex[:8]}"
     repo = folder / project
@@ -80,12 +80,12 @@ def scratch_store(template_repo: Path, folder: Path, n_assets: int) -> tuple[Any
     for name, kind in activity_view.output_schema().items():
         activity[name] = (pa.array(rng.integers(0, 1000, n_assets)) if kind.is_numeric
                           else pa.array([f"user_{i}" for i in range(n_assets)]))
-    client = redis_client(cfg.redis_settings(), socket_timeout=30)
+    settings = RedisSettings.from_config(cfg)
     for view_name, table in (("asset_attributes", attrs), ("asset_activity", pa.table(activity))):
         view = views.view(view_name)
         path = offline_table_path(cfg.data_dir, view)
         ds.write_dataset(table, path, format="parquet")
-        materialize_view(client, view, project, path, now - dt.timedelta(days=1), now)
+        materialize_view(settings, view, project, path, now - dt.timedelta(days=1), now)
     return cfg, catalog.column("asset_id").to_pylist()
 
 

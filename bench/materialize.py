@@ -72,7 +72,7 @@ def run_side(side: str, repo: Path, start: str, end: str) -> dict:
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
     from common.config import load_config
-    from serving.redis_connect import redis_client
+    from redis_store.settings import RedisSettings
 
     cfg = load_config(repo)
     start_at, end_at = dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end)
@@ -80,8 +80,8 @@ def run_side(side: str, repo: Path, start: str, end: str) -> dict:
     began = time.perf_counter()
     if side == "ours":
         view = load_repo(repo).view(VIEW)
-        materialize_view(redis_client(cfg.redis_settings(), socket_timeout=30), view, cfg.project,
-                         offline_table_path(cfg.data_dir, view), start_at, end_at)
+        materialize_view(RedisSettings.from_config(cfg), view, cfg.project, offline_table_path(cfg.data_dir, view),
+                         start_at, end_at)
     else:
         from feast import FeatureStore
 

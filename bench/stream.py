@@ -194,7 +194,7 @@ class ProbePoller(threading.Thread):
 
     def __init__(self, bench: Bench):
         super().__init__(daemon=True)
-        from serving import redis_layout
+        from redis_store import layout as redis_layout
         from dsl import String
 
         self.encoder = redis_layout.KeyEncoder(bench.project, {"asset_id": String})

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import FeaturectlError
-
-if TYPE_CHECKING:
-    from serving.redis_connect import RedisSettings
 
 DEFAULT_REPO = Path("feature_repo")
 
@@ -91,13 +88,6 @@ class ProjectConfig:
         host, _, port = host_port.rpartition(":")
         return host or "127.0.0.1", int(port)
 
-    def redis_settings(self, timeout_s: float = 1.0) -> "RedisSettings":
-        """`serving.redis_connect.RedisSettings` (nodes, AUTH, TLS) from `online_store`; build clients from it."""
-        from serving.redis_connect import RedisSettings
-
-        store = self.raw.get("online_store") or {}
-        return RedisSettings.parse(store.get("connection_string", "127.0.0.1:6379"),
-                                   store.get("redis_type", "redis"), timeout_s)
 
     @property
     def key_ttl_seconds(self) -> int:

@@ -10,32 +10,25 @@ from tqdm import tqdm
 from featurectl.params import INSTANT
 
 
-def _redis_client(cfg):
-    from serving.redis_connect import RedisConfigError, redis_client
-
-    try:
-        return redis_client(cfg.redis_settings(), socket_timeout=30)
-    except RedisConfigError as exc:
-        raise click.ClickException(f"materialization writes chunks of keys in one WATCH/MULTI/EXEC: {exc}") from exc
-
-
 def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None) -> None:
     from batch.materialize import materialize_view
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
     from feast import FeatureStore
 
+    from redis_store.settings import RedisSettings
+
     cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
     store = FeatureStore(config=cfg.feast_repo_config())
-    client = _redis_client(cfg)
+    settings = RedisSettings.from_config(cfg)
     chosen = [repo.view(name) for name in views] if views else [v for v in repo.views if v.online]
     for view in chosen:
         feast_view = store.get_feature_view(view.name)
         since = start or feast_view.most_recent_end_time or (end - view.ttl)
         path = offline_table_path(cfg.data_dir, view)
         with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
-            stats = materialize_view(client, view, cfg.project, path, since, end, key_ttl_s=cfg.key_ttl_seconds,
+            stats = materialize_view(settings, view, cfg.project, path, since, end, key_ttl_s=cfg.key_ttl_seconds,
                                      on_rows=bar.update)
         store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
         click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "

@@ -34,7 +34,9 @@ def _age(iso: Optional[str]) -> str:
     if not iso:
         return "-"
     seconds = int((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(iso)).total_seconds())
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def _ms(value: Optional[float]) -> str:
@@ -121,6 +123,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
 
     from batch.history import ParquetHistory
     from dsl.compile_flink import SourceSettings
+    from redis_store.settings import RedisSettings
     from streaming.config import StreamSettings
     from streaming.runner import StreamRunner, Target
 
@@ -128,8 +131,8 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
                                    ("mini_batch_latency_ms", mini_batch_latency)) if v is not None}
     settings = StreamSettings(parallelism=cfg.platform.flink.parallelism, **overrides)
     sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
-    target = Target(cfg.project, cfg.redis_settings(), sources, cfg.state_dir, jobmanager or cfg.platform.flink.jobmanager,
-                    cfg.key_ttl_seconds)
+    target = Target(cfg.project, RedisSettings.from_config(cfg), sources, cfg.state_dir,
+                    jobmanager or cfg.platform.flink.jobmanager, cfg.key_ttl_seconds)
     views, all_views = _views(cfg, names)
     stop = threading.Event()
     _stop_on_signals(stop)

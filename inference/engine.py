@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -25,9 +25,12 @@ from torch import Tensor
 from inference.checkpoint import init_random_, load_safetensors, load_state_dict_strict
 from inference.config import Cube3DConfig
 from inference.errors import GenerationError
-from inference.model import Cube3DDecoder
+from inference.model import Cube3DDecoder, DecodeOps
 from inference.ops import TorchOps
 from inference.sampling import choose, guide, row_seeds
+
+if TYPE_CHECKING:
+    from inference.triton_ops import Launch
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +97,11 @@ class Engine:
 
     def __init__(self, config: Cube3DConfig | str, weights: Weights = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, *, mode: str = "auto", batch_buckets: tuple[int, ...] = (1, 8),
-                 weights_prefix: str = "", codebook: Tensor | None = None, init_std: float = 0.02, seed: int = 0):
+                 weights_prefix: str = "", codebook: Tensor | None = None, init_std: float = 0.02, seed: int = 0,
+                 launch: Launch | None = None):
+        """`launch`: the fast path's `inference.triton_ops.Launch` (default: the H200 tables); tuning replaces it."""
         self.cfg = Cube3DConfig.from_name(config) if isinstance(config, str) else config
+        self.launch = launch
         self.device, self.dtype = torch.device(device), dtype
         self.mode = _resolve_mode(mode, self.device)
         if not batch_buckets or min(batch_buckets) < 1:
@@ -140,10 +146,12 @@ class Engine:
             times.append(marks.elapsed()[0])
         return sorted(times)[len(times) // 2]
 
-    def _ops(self):
+    def _ops(self) -> DecodeOps:
         if self.mode == "fast":
-            from inference.triton_ops import TritonOps
-            return TritonOps()
+            from inference.triton_ops import Launch, TritonOps
+
+            self.launch = self.launch or Launch()
+            return TritonOps(self.launch)
         return TorchOps()
 
     def _allocate(self, rows: int) -> None:
@@ -273,7 +281,7 @@ class Engine:
     def _step(self, bucket: int, guided: bool, sampling: bool) -> None:
         rows = bucket * (2 if guided else 1)
         m = self.model
-        if sampling or not getattr(self.ops, "fuse_pick", False):
+        if sampling or not self.ops.fuse_pick:
             self._advance(m.decode_step(self.x_buf[:rows], self.pos, self.ops), bucket, guided, sampling)
             return
         h = m.decode_hidden(self.x_buf[:rows], self.pos, self.ops)

@@ -155,7 +155,10 @@ class LayerWeights(NamedTuple):
 
 
 class DecodeOps(Protocol):
-    """The pieces of a decode step (`inference.ops.TorchOps` in PyTorch, `inference.triton_ops.TritonOps` fused)."""
+    """The pieces of a decode step (`inference.ops.TorchOps` in PyTorch, `inference.triton_ops.TritonOps` fused).
+    `fuse_pick`: whether greedy steps pick the token inside the lm_head GEMM (`lm_head_pick`)."""
+
+    fuse_pick: bool
 
     def layer_norm(self, x: Tensor, eps: float) -> Tensor: ...
     def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor: ...

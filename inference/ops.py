@@ -23,6 +23,7 @@ class TorchOps:
     """Unfused PyTorch ops; attention runs over the whole static cache with a length mask."""
 
     name = "torch"
+    fuse_pick = False  # greedy steps take the logits and pick in PyTorch (`Engine._advance`)
 
     def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         return layer_norm(x, eps)

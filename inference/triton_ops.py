@@ -11,15 +11,19 @@ previous kernel still runs and waits (`griddepcontrol.wait`) at its top, then le
 launch and the program setup overlap the previous kernel. The decode step is a chain of about 200 short kernels,
 and that latency, not the bytes, was much of the gap to the bandwidth floor. Every kernel waits before any memory
 access that a kernel of the step writes, so none overtakes one it depends on, directly or through the chain. Before
-the wait a kernel reads only what no kernel of the step writes (`EARLY_LOADS`): the position, constants, and in the
+the wait a kernel reads only what no kernel of the step writes (`Launch.early_loads`): the position, constants, and in the
 one-prompt attention the cached keys and values of earlier tokens, whose DRAM latency then overlaps the q/k/v GEMM
 (3% of the step on an H200). (Loading the first weight block, or prefetching the weights to L2, before the wait was
 measured slower.)
+
+Launch parameters and switches are one `Launch` value per `TritonOps` (the engine's), starting from what `bench
+cube3d --tune` chose on an H200; tuning changes an engine's value, never this module.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -29,16 +33,7 @@ from torch import Tensor
 
 from inference.model import LayerWeights
 
-SM_COUNT_FALLBACK = 132   # an H100/H200; used when the device cannot be asked (the interpreter)
-PDL = True                # programmatic dependent launch where the device supports it (compute capability >= 9)
-# q/k RMSNorm + RoPE + cache write inside the attention kernel for steps of at most this many rows (one prompt
-# with guidance); with more rows, every split program recomputing q cost more than the kernel it saves (H200)
-FUSE_QK_ROWS = 2
-FUSE_PICK = True          # greedy steps: guidance + argmax inside the lm_head GEMM, one small kernel picks the id
-# load before the PDL wait what no kernel of the step writes: constants (biases, norm weights, RoPE tables, the
-# guidance weight) and, in the one-prompt attention, the keys and values earlier steps wrote. False: the same
-# loads issued first after the wait, measured slower than both (more registers, the same wait)
-EARLY_LOADS = True
+INTERPRETER_SMS = 132  # Triton's CPU interpreter has no multiprocessors: plan as on an H100/H200
 
 
 @triton.jit
@@ -448,14 +443,10 @@ def _pick_kernel(best_ptr, arg_ptr, wte_ptr, ids_ptr, x_ptr, pos_ptr, ticket_ptr
         tl.store(ticket_ptr, 0)
 
 
-def _pdl_ok(device: torch.device) -> bool:
-    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return SM_COUNT_FALLBACK
+    return INTERPRETER_SMS
 
 
 def split_plan(rows_heads: int, cache_len: int, sms: int, block_n: int, waves: int = 4) -> tuple[int, int]:
@@ -467,7 +458,7 @@ def split_plan(rows_heads: int, cache_len: int, sms: int, block_n: int, waves: i
 
 # (epilogue, N, K, rows <= 2 ? 2 : 16) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, splits), or None where cuBLAS
 # was faster. Measured on an H200 with `featurectl bench cube3d --tune` (see docs/cube3d.md).
-GEMV_TABLE: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | None] = {
+H200_GEMV: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | None] = {
     (2, 6144, 1536, 2): (32, 128, 4, 4, 1), (2, 6144, 1536, 16): (64, 256, 4, 3, 1),        # gate/up + SwiGLU
     (0, 16384, 1536, 2): (64, 128, 4, 3, 1), (0, 16384, 1536, 16): (64, 128, 4, 3, 1),      # lm_head
     (3, 4608, 1536, 2): (32, 128, 4, 3, 3), (3, 4608, 1536, 16): (32, 128, 4, 3, 2),        # q/k/v
@@ -476,36 +467,58 @@ GEMV_TABLE: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | Non
 }
 
 
-def gemv_config(epilogue: int, m: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
-    """Tuned launch parameters if measured for this shape (None: use cuBLAS), else a heuristic: the widest column
-    block that gives every multiprocessor about two programs, and for split-K enough splits to cover the chip
-    about three times."""
-    key = (epilogue, n, k, 2 if m <= 2 else 16)
-    if key in GEMV_TABLE:
-        return GEMV_TABLE[key]
-    block_n = 16
-    for bn in (64, 32):
-        if n % bn == 0 and n // bn >= 2 * SM_COUNT_FALLBACK:
-            block_n = bn
-            break
-    block_k, splits = min(256, k), 1
-    if epilogue == PARTIAL:
-        for sp in (8, 6, 4, 3, 2):
-            if k % (sp * block_k) == 0 and (n // block_n) * sp <= 3 * SM_COUNT_FALLBACK:
-                splits = sp
-                break
-    return block_n, block_k, 4, 4, splits
-
-
-# the lm_head with guidance + argmax (`lm_head_pick`): (BLOCK_N, BLOCK_K, num_warps, num_stages)
-LM_HEAD_PICK = (64, 128, 4, 3)
 # rows <= 2 ? 2 : 16 -> (BLOCK_N, num_warps, num_stages, waves of programs over the chip); measured on an H200
 # (one prompt: 64 keys a block, each split one block loaded before the PDL wait: 10 splits over the dual layers)
-ATTN_TABLE: dict[int, tuple[int, int, int, int]] = {2: (64, 4, 2, 4), 16: (64, 4, 3, 8)}
+H200_ATTN: dict[int, tuple[int, int, int, int]] = {2: (64, 4, 2, 4), 16: (64, 4, 3, 8)}
 ATTN_DEFAULT = (32, 4, 2, 4)
-# merge the attention's splits inside the output projection's GEMM instead of a combine kernel: one launch less,
-# but each GEMM program re-merges its heads serially; measured 3x slower per step on an H200, so off
-FUSE_COMBINE = False
+
+
+@dataclass
+class Launch:
+    """How the fast path launches its kernels: tables and switches, one value per engine."""
+
+    gemv: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | None] = field(
+        default_factory=lambda: dict(H200_GEMV))
+    attn: dict[int, tuple[int, int, int, int]] = field(default_factory=lambda: dict(H200_ATTN))
+    # the lm_head with guidance + argmax (`lm_head_pick`): (BLOCK_N, BLOCK_K, num_warps, num_stages)
+    lm_head_pick: tuple[int, int, int, int] = (64, 128, 4, 3)
+    # greedy steps: guidance + argmax inside the lm_head GEMM, one small kernel picks the id
+    fuse_pick: bool = True
+    # merge the attention's splits inside the output projection's GEMM instead of a combine kernel: one launch
+    # less, but each GEMM program re-merges its heads serially; measured 3x slower per step on an H200, so off
+    fuse_combine: bool = False
+    # q/k RMSNorm + RoPE + cache write inside the attention kernel for steps of at most this many rows (one prompt
+    # with guidance); with more rows, every split program recomputing q cost more than the kernel it saves (H200)
+    fuse_qk_rows: int = 2
+    # load before the PDL wait what no kernel of the step writes: constants (biases, norm weights, RoPE tables,
+    # the guidance weight) and, in the one-prompt attention, the keys and values earlier steps wrote. False: the
+    # same loads issued first after the wait, measured slower than both (more registers, the same wait)
+    early_loads: bool = True
+    pdl: bool = True  # programmatic dependent launch where the device supports it (compute capability >= 9)
+
+    def gemv_config(self, epilogue: int, m: int, n: int, k: int,
+                    sms: int) -> tuple[int, int, int, int, int] | None:
+        """Tuned launch parameters if measured for this shape (None: use cuBLAS), else a heuristic for a chip of
+        `sms` multiprocessors: the widest column block that gives every one about two programs, and for split-K
+        enough splits to cover the chip about three times."""
+        key = (epilogue, n, k, 2 if m <= 2 else 16)
+        if key in self.gemv:
+            return self.gemv[key]
+        block_n = 16
+        for bn in (64, 32):
+            if n % bn == 0 and n // bn >= 2 * sms:
+                block_n = bn
+                break
+        block_k, splits = min(256, k), 1
+        if epilogue == PARTIAL:
+            for sp in (8, 6, 4, 3, 2):
+                if k % (sp * block_k) == 0 and (n // block_n) * sp <= 3 * sms:
+                    splits = sp
+                    break
+        return block_n, block_k, 4, 4, splits
+
+    def attn_config(self, rows: int) -> tuple[int, int, int, int]:
+        return self.attn.get(2 if rows <= 2 else 16, ATTN_DEFAULT)
 
 
 class AttnParts(NamedTuple):
@@ -523,18 +536,26 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self, attn: tuple[int, int, int, int] | None = None, gemv: bool = True):
-        self.attn = attn                    # fixed attention launch parameters (tests, tuning); None: the table
+    def __init__(self, launch: Launch | None = None, attn: tuple[int, int, int, int] | None = None,
+                 gemv: bool = True):
+        self.launch = launch or Launch()
+        self.attn = attn                    # fixed attention launch parameters (tests); None: the launch table
         self.gemv = gemv
         self.attn_block_n = None            # tests may force a small block to exercise several splits
-        self.fuse_pick = FUSE_PICK
-        self.early = EARLY_LOADS
         self._ticket: Tensor | None = None  # [1] int32, the pick kernel's count of finished programs
 
-    @staticmethod
-    def _pdl(device: torch.device) -> dict:
+    @property
+    def fuse_pick(self) -> bool:
+        return self.launch.fuse_pick
+
+    @property
+    def early(self) -> bool:
+        return self.launch.early_loads
+
+    def _pdl(self, device: torch.device) -> dict:
         """Launch options and the kernels' PDL flag for `device`."""
-        return dict(launch_pdl=True, PDL=True) if _pdl_ok(device) else dict(PDL=False)
+        ok = self.launch.pdl and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+        return dict(launch_pdl=True, PDL=True) if ok else dict(PDL=False)
 
     def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         h = torch.empty_like(x)
@@ -556,7 +577,7 @@ class TritonOps:
         """Launch the skinny GEMM; None when the shape does not fit it (the caller falls back to cuBLAS)."""
         attn = isinstance(x, AttnParts)
         m, k = (x.rows, x.n_head * x.head_dim) if attn else x.shape
-        cfg = gemv_config(epilogue, m, n, k)
+        cfg = self.launch.gemv_config(epilogue, m, n, k, _sm_count(w.device))
         if cfg is not None and attn:
             cfg = (cfg[0], x.head_dim) + cfg[2:]          # one head per K block: the merge works head by head
         if (cfg is None or not self.gemv or m > 16 or n % cfg[0] or k % (cfg[1] * cfg[4])
@@ -591,7 +612,7 @@ class TritonOps:
 
     def linear_parts(self, x: Tensor | AttnParts, w: Tensor) -> Tensor:
         """x W^T as split-K partial sums [S, R, N] (float32), or [1, R, N] from cuBLAS. x may be `AttnParts`."""
-        if isinstance(x, AttnParts) and not FUSE_COMBINE:
+        if isinstance(x, AttnParts) and not self.launch.fuse_combine:
             x = self._merged(x)
         out = self._gemv(x, w, None, w.shape[0], PARTIAL)
         return torch.nn.functional.linear(self._merged(x), w).unsqueeze(0) if out is None else out
@@ -618,7 +639,7 @@ class TritonOps:
         """Split-K attention over the filled cache; the combine step runs inside the next GEMM (`linear_parts`)."""
         kc, vc = lw.cache.k, lw.cache.v
         n_head, cache_len, head_dim = kc.shape[1], kc.shape[2], kc.shape[3]
-        block_n, warps, stages, waves = self.attn or ATTN_TABLE.get(2 if rows <= 2 else 16, ATTN_DEFAULT)
+        block_n, warps, stages, waves = self.attn or self.launch.attn_config(rows)
         block_n = self.attn_block_n or block_n
         split_len, n_splits = split_plan(rows * n_head, cache_len, _sm_count(q.device), block_n, waves)
         part = torch.empty(rows * n_head, n_splits, head_dim + 2, dtype=torch.float32, device=q.device)
@@ -636,7 +657,7 @@ class TritonOps:
         (rows p and prompts + p of `x_next`) and advances `pos`: what `Engine._advance` does in about 20 launches.
         h: [R, D] after the final LayerNorm; w: [V, D] lm_head rows of the shape codes; wte: [vocab, D]."""
         n, k = w.shape
-        block_n, block_k, warps, stages = LM_HEAD_PICK
+        block_n, block_k, warps, stages = self.launch.lm_head_pick
         n_blocks = n // block_n
         if self._ticket is None or self._ticket.device != h.device:
             self._ticket = torch.zeros(1, dtype=torch.int32, device=h.device)
@@ -655,11 +676,11 @@ class TritonOps:
                       eps: float) -> Tensor | AttnParts:
         """q/k norm + RoPE + cache write + attention in one kernel: [R, D], or `AttnParts` when split over the
         cache (then merged by `linear_parts`). qkv: [S, R, 3D] split-K parts, no bias yet."""
-        if rows > FUSE_QK_ROWS:
+        if rows > self.launch.fuse_qk_rows:
             return self.attention(self.qk_norm_rope_cache(qkv, lw, rows, cos, sin, pos, eps), lw, rows, pos)
         kc, vc = lw.cache.k, lw.cache.v
         n_head, cache_len, head_dim = kc.shape[1], kc.shape[2], kc.shape[3]
-        block_n, warps, stages, waves = self.attn or ATTN_TABLE.get(2 if rows <= 2 else 16, ATTN_DEFAULT)
+        block_n, warps, stages, waves = self.attn or self.launch.attn_config(rows)
         block_n = self.attn_block_n or block_n
         split_len, n_splits = split_plan(rows * n_head, cache_len, _sm_count(qkv.device), block_n, waves)
         direct = n_splits == 1

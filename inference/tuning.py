@@ -1,12 +1,13 @@
 """Choose the fast path's launch parameters on the current GPU by timing whole decode steps in context.
 
-`featurectl bench cube3d --tune` runs this before measuring and applies the choices in-process; the tables in
-`inference.triton_ops` (GEMV_TABLE, ATTN_TABLE) hold what it chose on an H200. Isolated kernel timings were tried
+`featurectl bench cube3d --tune` runs this before measuring and leaves the choice on the engine (its `Launch`); the
+defaults in `inference.triton_ops` (H200_GEMV, H200_ATTN) hold what it chose on an H200. Isolated kernel timings were tried
 first and misled (a kernel that wins alone can lose inside the step), so only whole-step graph replays decide.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from torch import Tensor
@@ -34,27 +35,29 @@ def _gemv_keys(cfg) -> dict[str, tuple[int, int, int]]:
     return {"qkv": (T.PARTIAL, 3 * d, d), "proj": (T.PARTIAL, d, d), "down": (T.PARTIAL, d, f)}
 
 
-def _current(cfg) -> dict:
-    """The launch parameters in use now (the committed tables, or the heuristic where a shape has no entry): the
-    baseline, so that tuning can only keep or beat what the tables already hold."""
-    setting = {name: {b: T.gemv_config(epi, b, n, k) for b in BUCKETS}
+def _current(cfg, launch: T.Launch, sms: int) -> dict:
+    """The launch parameters in use now (the tables, or the heuristic for a chip of `sms` multiprocessors where a
+    shape has no entry): the baseline, so that tuning can only keep or beat what the tables already hold."""
+    setting = {name: {b: launch.gemv_config(epi, b, n, k, sms) for b in BUCKETS}
                for name, (epi, n, k) in _gemv_keys(cfg).items()}
-    setting["attn"] = {b: T.ATTN_TABLE.get(b, T.ATTN_DEFAULT) for b in BUCKETS}
-    setting["fuse"] = {b: T.FUSE_COMBINE for b in BUCKETS}
+    setting["attn"] = {b: launch.attn_config(b) for b in BUCKETS}
+    setting["fuse"] = {b: launch.fuse_combine for b in BUCKETS}
     return setting
 
 
-def _set(cfg, setting: dict) -> None:
+def _applied(cfg, launch: T.Launch, setting: dict) -> T.Launch:
+    """`launch` with `setting`'s choices (a new value; `launch` is left as it was)."""
+    gemv = dict(launch.gemv)
     for name, (epi, n, k) in _gemv_keys(cfg).items():
         for bucket in BUCKETS:
-            T.GEMV_TABLE[(epi, n, k, bucket)] = setting[name][bucket]
-    T.ATTN_TABLE[2], T.ATTN_TABLE[16] = setting["attn"][2], setting["attn"][16]
-    T.FUSE_COMBINE = setting["fuse"][2]
+            gemv[(epi, n, k, bucket)] = setting[name][bucket]
+    return dataclasses.replace(launch, gemv=gemv, attn={b: setting["attn"][b] for b in BUCKETS},
+                               fuse_combine=setting["fuse"][2])
 
 
 def _measure(engine, cond: Tensor, uncond: Tensor, setting: dict, positions: tuple[int, ...]) -> tuple[float, float]:
     """Mean graph-replayed step time (ms) at `positions`, for one prompt (rows 2) and for eight (rows 16)."""
-    _set(engine.cfg, setting)
+    engine.launch = _applied(engine.cfg, engine.launch or T.Launch(), setting)
     engine.set_mode("fast")
     out = []
     for prompts in (1, cond.shape[0]):
@@ -65,8 +68,8 @@ def _measure(engine, cond: Tensor, uncond: Tensor, setting: dict, positions: tup
 
 def tune_in_context(engine, cond: Tensor, uncond: Tensor, positions: tuple[int, ...] = (100, 300, 500)) -> dict:
     """Choose each factor's option by the whole step's time, separately for rows 2 and rows 16, then measure the
-    combination; leaves the chosen tables applied (this process) and returns what was measured."""
-    base = _current(engine.cfg)
+    combination; leaves the chosen launch on the engine and returns what was measured."""
+    base = _current(engine.cfg, engine.launch or T.Launch(), T._sm_count(engine.device))
     t_base = _measure(engine, cond, uncond, base, positions)
     report: dict = {"base": t_base}
     best = {name: {b: (t, base[name][b]) for b, t in zip(BUCKETS, t_base)} for name in FACTORS}
@@ -89,7 +92,8 @@ def tune_in_context(engine, cond: Tensor, uncond: Tensor, positions: tuple[int, 
     report["chosen"] = {name: {str(b): v for b, v in c.items()} for name, c in chosen.items()}
     report["chosen_ms"] = _measure(engine, cond, uncond, chosen, positions)
     if sum(report["chosen_ms"]) > sum(t_base):          # interactions made it worse: keep the baseline
-        _set(engine.cfg, base)
+        engine.launch = _applied(engine.cfg, engine.launch, base)
+        engine.set_mode("fast")
         report["kept"] = "base"
     log.info("in-context tuning: base %s, chosen %s -> %s", t_base, report["chosen"], report["chosen_ms"])
     return report

@@ -1,6 +1,6 @@
 """Online serving: the `get_features` SDK over Feast's Redis layout, and the HTTP feature server.
 
-`from serving import OnlineClient` (or `AsyncOnlineClient`); importing `serving.redis_layout` alone stays light.
+`from serving import OnlineClient` (or `AsyncOnlineClient`); importing `redis_store.layout` alone stays light.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from dsl.types import ValueType
+from redis_store.layout import field_name, ts_field
 from serving.errors import RegistryError
-from serving.redis_layout import field_name, ts_field
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,11 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, TypeVar, overload
 
+from redis_store.cluster import AsyncCluster, SyncCluster
+from redis_store.node import AsyncNode, SyncNode
+from redis_store.settings import RedisSettings
 from serving.catalog import CatalogRefresher
 from serving.plan import Plan, build_plan
-from serving.redis_cluster import AsyncCluster, SyncCluster
-from serving.redis_node import AsyncNode, RedisSettings, SyncNode
 from serving.request import EntityRows, PreparedRequest
 from serving.result import OnlineFeatures
 

@@ -1,4 +1,5 @@
-"""The serving error hierarchy: each error says what was wrong and what to do; HTTP maps them to 400 / 503."""
+"""The serving error hierarchy: each error says what was wrong and what to do; HTTP maps them to 400 / 503.
+Redis's own errors (unreachable, an error reply) are `redis_store.errors`'."""
 
 from __future__ import annotations
 
@@ -27,12 +28,6 @@ class EntityError(RequestError):
     """Entity rows missing a join key, of the wrong type, or of unequal lengths."""
 
     code = "bad_entities"
-
-
-class RedisUnavailableError(ServingError):
-    """Redis could not be reached or did not answer within the timeout (HTTP 503); retrying later may work."""
-
-    code = "redis_unavailable"
 
 
 class RegistryError(ServingError):

@@ -17,9 +17,10 @@ from typing import Any, Awaitable, Callable, Optional
 
 import orjson
 
+from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi_body import read_body
 from serving.client import AsyncOnlineClient
-from serving.errors import RedisUnavailableError, RequestError, ServingError, UnknownServiceError
+from serving.errors import RequestError, ServingError, UnknownServiceError
 from serving.gateway import REQUESTS, Gateway, Refusal, key_from_headers
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
@@ -198,7 +199,7 @@ class FeatureServer:
             return _error(503, exc)
         except RequestError:
             raise
-        except ServingError as exc:  # Redis answered with an error (e.g. a key of the wrong type)
+        except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1
             logger.error("get-online-features failed: %s", exc)
             return _error(502, exc, "redis_error")
@@ -212,7 +213,7 @@ class FeatureServer:
             return _error(503, ServingError("the registry is not loaded yet"), "starting")
         try:
             await self.client.ping()
-        except ServingError as exc:
+        except (ServingError, RedisStoreError) as exc:
             self.stats.redis_errors += 1
             return _error(503, exc, "redis_unavailable")
         catalog = self.client.registry.catalog

@@ -18,9 +18,9 @@ from typing import Any, Optional
 import httptools
 import orjson
 
+from redis_store.node import TIMER_SLACK_S
 from serving.gateway import bearer
 from serving.http_app import JSON, MAX_BODY_BYTES, FeatureServer
-from serving.redis_node import TIMER_SLACK_S
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 

@@ -14,10 +14,10 @@ from operator import itemgetter
 from typing import Any, Callable, Optional, Sequence
 
 from dsl.types import ValueType
+from redis_store.decode import ColumnDecoder, column_decoder
+from redis_store.layout import KeyEncoder
 from serving.catalog import Catalog, ViewSpec
-from serving.decode import ColumnDecoder, column_decoder
 from serving.errors import UnknownFeatureError, UnknownServiceError, RequestError
-from serving.redis_layout import KeyEncoder
 
 _LENGTH_PREFIX = [b"$%d\r\n" % n for n in range(512)]
 

@@ -1,77 +1,33 @@
-"""Window values -> Redis in Feast's layout (`serving.redis_layout`), pipelined and event-time guarded.
+"""Window values -> Redis in Feast's layout (`redis_store`), pipelined and event-time guarded.
 
-Each command is one EVALSHA of a guarded HSET script over a block of entities: a key is written only
-when its stored `_ts:{view}` is not newer than ours, so a replay after a restart, or a slower writer, never moves
-a value back in time. `_ts` is the view's clock (the greatest event time seen), the instant the values are as of.
-A refused key is reported with the `_ts` it holds, so the writer can write it again once its clock gets there
-(a materialized row at a later boundary, say).
+Each write is `redis_store.guarded`'s EVALSHA over blocks of entities: a key is written only when its stored
+`_ts:{view}` is not newer than ours, so a replay after a restart, or a slower writer, never moves a value back in
+time. `_ts` is the view's clock (the greatest event time seen), the instant the values are as of. A refused key is
+reported with the `_ts` it holds, so the writer can write it again once its clock gets there (a materialized row
+at a later boundary, say). I/O goes through `redis_store.node`, the client every part of featurectl uses.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from itertools import chain
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
-import hiredis
 import numpy as np
-from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 
-from common.errors import FeaturectlError
 from dsl.types import ValueType
-from serving import redis_layout as layout
+from redis_store import guarded, layout
+from redis_store.errors import RedisReplyError, RedisUnavailableError
+from redis_store.node import SyncNode, check_replies
+from redis_store.settings import RedisSettings
 from streaming.windows import ViewLayout
 
 log = logging.getLogger(__name__)
 
-BLOCK = 128  # entities per EVALSHA
 RETRY_S = 60.0
+WRITE_TIMEOUT_S = 30.0  # a pipeline of many blocks: Redis runs the scripts one after another
 
-
-# KEYS: entity keys. ARGV: n (field/value pairs per key incl. `_ts`), the key ttl in seconds (0: none), then per
-# key: event time in ms, the `_ts` field, the serialized Timestamp, and the n - 1 feature fields and values,
-# alternating. A key is written only when its stored `_ts` is older (or missing); the arguments go to HSET as they
-# are, with no table building. A written key gets the ttl as its expiry, as Feast's writer does. Returns the
-# refused keys as (position from 0, stored ms) pairs, flattened.
-GUARDED_HSET = """
-local function pb_ms(s)
-  local seconds, nanos, i = 0, 0, 1
-  while i <= #s do
-    local tag = string.byte(s, i)
-    i = i + 1
-    local v, scale, b = 0, 1, 128
-    while b >= 128 do
-      b = string.byte(s, i)
-      i = i + 1
-      v = v + (b % 128) * scale
-      scale = scale * 128
-    end
-    if tag == 8 then seconds = v elseif tag == 16 then nanos = v end
-  end
-  return seconds * 1000 + math.floor(nanos / 1000000)
-end
-local width = 2 * tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local refused, pos = {}, 3
-for k = 1, #KEYS do
-  local stored = redis.call('HGET', KEYS[k], ARGV[pos + 1])
-  local stored_ms = stored and pb_ms(stored)
-  if (not stored) or stored_ms <= tonumber(ARGV[pos]) then
-    redis.call('HSET', KEYS[k], unpack(ARGV, pos + 1, pos + width))
-    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
-  else
-    refused[#refused + 1] = k - 1
-    refused[#refused + 1] = stored_ms
-  end
-  pos = pos + 1 + width
-end
-return refused
-"""
-
-
-class RedisUnavailable(FeaturectlError, RuntimeError):
-    """Redis stayed unreachable; the message says for how long and what to do."""
 
 _FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
 
@@ -86,15 +42,18 @@ def _encode(values: list, kind: ValueType) -> list[bytes]:
 
 
 class RedisSink:
-    """Writes rows of one project; one pipelined round trip per `write`. Keys expire `key_ttl_s` after their last
-    write when it is set (Feast's `online_store.key_ttl_seconds`)."""
+    """Writes rows of one project to one Redis node; one pipelined round trip per `send`. Keys expire `key_ttl_s`
+    after their last write when it is set (Feast's `online_store.key_ttl_seconds`). Raises RedisUnavailableError
+    when Redis does not answer at the start."""
 
-    def __init__(self, client, project: str, key_ttl_s: int = 0):
-        self.client = client
+    def __init__(self, settings: RedisSettings, project: str, key_ttl_s: int = 0):
+        address = settings.single_node("the streaming sink (one script per block of keys)")
+        self.node = SyncNode(dataclasses.replace(settings, timeout_s=max(settings.timeout_s, WRITE_TIMEOUT_S),
+                                                 spin_s=0.0), address)
         self.project = project
         self.key_ttl_s = key_ttl_s
-        self.sha = client.script_load(GUARDED_HSET)
         self._views: dict[str, tuple] = {}
+        self.node.read([], [guarded.LOAD])
 
     def _view(self, view_layout: ViewLayout) -> tuple:
         name = view_layout.name
@@ -107,19 +66,12 @@ class RedisSink:
         return self._views[name]
 
     def commands(self, view_layout: ViewLayout, rows: Sequence[tuple[tuple, list[Any]]], ts_ms: int) -> list[bytes]:
-        """Packed EVALSHA commands writing `rows` (entity key, values in the layout's feature order)."""
+        """Packed guarded writes of `rows` (entity key, values in the layout's feature order)."""
         encoder, positions, ts_field, fields, kinds = self._view(view_layout)
-        ts_bytes = layout.encode_timestamp(ts_ms)
         columns = zip(*(values for _, values in rows))
         encoded = list(zip(*(_encode(list(c), k) for c, k in zip(columns, kinds))))
-        pairs = len(fields) + 1
-        out = []
-        for lo in range(0, len(rows), BLOCK):
-            keys = [encoder.key([key[p] for p in positions]) for key, _ in rows[lo:lo + BLOCK]]
-            args = chain.from_iterable((ts_ms, ts_field, ts_bytes, *chain.from_iterable(zip(fields, values)))
-                                       for values in encoded[lo:lo + BLOCK])
-            out.append(hiredis.pack_command(("EVALSHA", self.sha, len(keys), *keys, pairs, self.key_ttl_s, *args)))
-        return out
+        keys = [encoder.key([key[p] for p in positions]) for key, _ in rows]
+        return guarded.commands(keys, ts_ms, ts_field, fields, encoded, self.key_ttl_s)
 
     def send(self, commands: list[bytes]) -> list[tuple[int, int]]:
         """One round trip for all commands; returns the rows refused as older than Redis's: (position among the
@@ -131,28 +83,25 @@ class RedisSink:
         deadline = time.monotonic() + RETRY_S
         while True:
             try:
-                return self._send(commands)
-            except NoScriptError:  # Redis restarted without our script: load it (same sha) and write again
-                self.client.script_load(GUARDED_HSET)
-            except (ConnectionError, TimeoutError) as exc:
+                replies = self.node.execute(commands)
+            except RedisUnavailableError as exc:
                 if time.monotonic() > deadline:
-                    raise RedisUnavailable(f"Redis did not answer for {RETRY_S:.0f}s ({exc}); run `featurectl "
-                                           "services up`, then start the stream again") from exc
+                    raise RedisUnavailableError(f"Redis did not answer for {RETRY_S:.0f}s ({exc}); run "
+                                                "`featurectl services up`, then start the stream again") from exc
                 log.warning("writing to Redis failed (%s); retrying", exc)
                 time.sleep(1.0)
+                continue
+            if any(guarded.missing_script(reply) for reply in replies):
+                self.node.read([], [guarded.LOAD])
+                continue
+            return guarded.refused(check_replies(replies, self.node.where))
 
-    def _send(self, commands: list[bytes]) -> list[tuple[int, int]]:
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+    def run_id(self) -> Optional[str]:
+        """The Redis process's run id (a new one after a restart); None while it is away."""
         try:
-            conn.send_packed_command(commands)
-            refused = []
-            for block in range(len(commands)):
-                reply = conn.read_response()
-                refused += [(block * BLOCK + reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
-            return refused
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
+            return self.node.info("server").get("run_id")
+        except (RedisUnavailableError, RedisReplyError):
+            return None
+
+    def close(self) -> None:
+        self.node.close()

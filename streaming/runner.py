@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-import redis
 from confluent_kafka import KafkaException
 
 from common.errors import FeaturectlError
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_stream_source import MAX_AHEAD_MS
 from dsl.feature_view import FeatureView
-from serving.redis_connect import RedisSettings, redis_client
+from redis_store.errors import RedisUnavailableError
+from redis_store.settings import RedisSettings
 from streaming.bootstrap import Generation, History, history_folder, prune_history
 from streaming.config import StreamSettings
 from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prune_checkpoints
@@ -187,19 +187,16 @@ class StreamRunner:
                 self._stop()
 
     def _start(self) -> None:
-        client = redis_client(self.target.redis, socket_timeout=30)
         try:
-            client.ping()
-        except redis.ConnectionError as exc:
-            host, port = self.target.redis.nodes[0]
-            raise StreamError(f"Redis at {host}:{port} is not answering ({exc}): run `featurectl services up`") from exc
+            sink = RedisSink(self.target.redis, self.target.project, self.target.key_ttl_s)
+        except RedisUnavailableError as exc:
+            raise StreamError(f"{exc}; the stream needs Redis up at its start") from exc
         ensure_topics(self.plan)
         self.source_lag = SourceLag(self.plan)
         history = history_folder(self.home, self.plan.fingerprint)
         exported_s = None
         if self.fresh or (self.plan.cutovers and not history.is_dir()):
             exported_s = self._start_generation(history)
-        sink = RedisSink(client, self.target.project, self.target.key_ttl_s)
         self.writer = WindowWriter(self.plan, sink, self.metrics, self.settings)
         self.state = "loading history"
         self._write_status()

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from redis.exceptions import ConnectionError, TimeoutError
 
 from streaming.bootstrap import read_tiles
 from streaming.config import StreamSettings
@@ -142,12 +141,8 @@ class WindowWriter:
         return len(messages)
 
     def _run_id(self) -> str | None:
-        """The Redis process's run id; None while it is away (the next check, or the sink's retries, see it back),
-        or when the client is not a single node's."""
-        try:
-            return self.sink.client.info("server").get("run_id")
-        except (ConnectionError, TimeoutError):
-            return None
+        """The Redis process's run id; None while it is away (the next check, or the sink's retries, see it back)."""
+        return self.sink.run_id()
 
     def _rewrite_if_redis_restarted(self) -> None:
         """Mark every entity for writing when Redis is another process than at the last check."""
@@ -230,3 +225,4 @@ class WindowWriter:
     def close(self) -> None:
         self.tiles.close()
         self.dead.close()
+        self.sink.close()

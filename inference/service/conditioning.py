@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from common.errors import FeaturectlError
+
 log = logging.getLogger(__name__)
 
 BBOX = ("bbox_x", "bbox_y", "bbox_z")
@@ -158,12 +160,10 @@ class AssetFeatureFetcher:
         if client is None:
             found = [AssetFeatures(a, fallback="store_unavailable") for a in asset_ids]
         else:
-            from serving.errors import ServingError
-
             try:
                 response = client.get_online_features(self.service, {"asset_id": list(asset_ids)})
                 found = parse_response(response, asset_ids)
-            except ServingError as exc:
+            except FeaturectlError as exc:  # any error the SDK reports: Redis away, a refused read, a bad plan
                 log.warning("feature fetch failed (%s); %d request(s) fall back", exc, len(asset_ids))
                 found = [AssetFeatures(a, fallback="store_unavailable") for a in asset_ids]
         self._count(found)

@@ -16,7 +16,7 @@ from cli_helpers import copy_example_repo, featurectl
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
-from serving import redis_layout as layout
+from redis_store import layout
 
 pytestmark = pytest.mark.integration
 

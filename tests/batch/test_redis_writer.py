@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 import redis
 
-from batch import redis_dump as dump
-from batch.redis_writer import CheckedChunkWriter, RedisWriteError, RowCommands, _Channel
+from batch.redis_writer import CheckedChunkWriter, RedisWriteError, RowCommands
 from dsl.types import ValueType
-from serving import redis_columns as columns
-from serving import redis_layout as layout
+from redis_store import columns, dump, layout
+from redis_store.node import Connection
+from redis_store.settings import RedisSettings
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +23,11 @@ FIELD = layout.field_name("v", "score")
 
 @pytest.fixture()
 def client(local_services):
-    client = redis.Redis(*local_services.redis_host_port)
+    """redis-py to look at what was written, the project, and the writer's settings."""
+    host, port = local_services.redis_host_port
+    client = redis.Redis(host, port)
     project = f"writer_{uuid.uuid4().hex[:8]}"
-    yield client, project
+    yield client, project, RedisSettings.parse(f"{host}:{port}")
     for key in client.scan_iter(match=f"*{project}".encode(), count=1_000):
         client.delete(key)
 
@@ -51,21 +53,21 @@ def _scores(client, project: str, ids: list[str]) -> list:
 
 
 def test_chunks_are_written_and_older_rows_never_overwrite_newer(client):
-    client, project = client
+    client, project, settings = client
     ids = [f"a{i}" for i in range(1_000)]
     rows = _chunk(project, ids, list(range(1_000)), [10_000] * 1_000)
-    writer = CheckedChunkWriter(client, connections=2)
+    writer = CheckedChunkWriter(settings, connections=2)
     for lo in range(0, 1_000, 64):
         writer.send(rows.slice(lo, 64))
     assert writer.close() == 1_000
     assert _scores(client, project, ids) == list(range(1_000))
 
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(_chunk(project, ids[:10] + ["fresh"], [-1] * 11, [9_999] * 10 + [5]))
     assert writer.close() == 1 and writer.skipped_older == 10
     assert _scores(client, project, ids[:10] + ["fresh"]) == list(range(10)) + [-1]
 
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(_chunk(project, ids[:2], [7, 8], [10_000, 10_000]))
     assert writer.close() == 0 and writer.skipped_older == 2, \
         "a row as new as the stored one is skipped, as Feast's writer skips it (a stream's value at that instant " \
@@ -73,16 +75,20 @@ def test_chunks_are_written_and_older_rows_never_overwrite_newer(client):
     assert _scores(client, project, ids[:2]) == [0, 1]
 
 
-class _InterruptedChannel(_Channel):
+class _InterruptedConnection(Connection):
     """After the first check, another client writes a newer value to one of the watched keys."""
 
-    def __init__(self, conn, other, key: bytes):
-        super().__init__(conn)
-        self.other, self.key, self.interrupted = other, key, False
+    def __init__(self, settings: RedisSettings, other, key: bytes):
+        super().__init__(settings, settings.nodes[0])
+        self.other, self.key, self.interrupted, self.checking = other, key, False, False
 
-    def round_trip(self, payload: list, replies: int, **options) -> list:
-        out = super().round_trip(payload, replies, **options)
-        if not self.interrupted and b"\r\nWATCH\r\n" in payload[0]:
+    def write(self, payload: bytes) -> None:
+        self.checking = b"\r\nWATCH\r\n" in payload[:32]
+        super().write(payload)
+
+    def read(self, count: int) -> list:
+        out = super().read(count)
+        if not self.interrupted and self.checking:
             self.interrupted = True
             self.other.hset(self.key, mapping={FIELD: layout.encode_value(999, ValueType.INT64),
                                                TS: layout.encode_timestamp(20_000)})
@@ -90,58 +96,53 @@ class _InterruptedChannel(_Channel):
 
 
 def test_a_concurrent_newer_write_aborts_the_chunk_which_is_checked_again(client):
-    client, project = client
+    client, project, settings = client
     ids = ["x", "y", "z"]
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.close()
-    conn = client.connection_pool.get_connection()
-    conn.connect()
+    key = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["y"])
+    conn = _InterruptedConnection(settings, client, key)
     try:
-        other = redis.Redis(**client.connection_pool.connection_kwargs)
-        key = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["y"])
-        written, skipped, retries = writer._write(_InterruptedChannel(conn, other, key),
-                                                  _chunk(project, ids, [1, 2, 3], [10_000] * 3))
+        written, skipped, retries = writer._write(conn, _chunk(project, ids, [1, 2, 3], [10_000] * 3))
     finally:
-        client.connection_pool.release(conn)
+        conn.close()
     assert (written, skipped, retries) == (2, 1, 1)
     assert _scores(client, project, ids) == [1, 999, 3]
 
 
 def test_an_aborted_chunk_in_the_pipeline_is_retried_and_the_next_chunk_still_written(client):
-    client, project = client
-    writer = CheckedChunkWriter(client, connections=0)
+    client, project, settings = client
+    writer = CheckedChunkWriter(settings, connections=0)
     for rows in (_chunk(project, ["x", "y", "z"], [1, 2, 3], [10_000] * 3), _chunk(project, ["u", "v"], [4, 5],
                                                                                       [10_000] * 2), None):
         writer.pending.put(rows)
-    conn = client.connection_pool.get_connection()
-    conn.connect()
+    key = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["y"])
+    conn = _InterruptedConnection(settings, client, key)
     try:
-        other = redis.Redis(**client.connection_pool.connection_kwargs)
-        key = layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["y"])
         writer._ended.flag = False
-        writer._pipeline(_InterruptedChannel(conn, other, key))
+        writer._pipeline(conn)
     finally:
-        client.connection_pool.release(conn)
+        conn.close()
     assert (writer.written, writer.skipped_older, writer.retries) == (4, 1, 1)
     assert _scores(client, project, ["x", "y", "z", "u", "v"]) == [1, 999, 3, 4, 5]
 
 
 def test_a_redis_error_reply_is_reported_with_its_reason(client):
-    client, project = client
+    client, project, settings = client
     client.set(layout.KeyEncoder(project, {"asset_id": ValueType.STRING}).key(["s"]), "a string, not a hash")
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(_chunk(project, ["s"], [1], [10_000]))
     with pytest.raises(RedisWriteError, match="WRONGTYPE"):
         writer.close()
 
 
 def test_new_keys_are_created_by_restore_and_existing_ones_are_checked(client):
-    client, project = client
-    writer = CheckedChunkWriter(client, connections=1)
+    client, project, settings = client
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(_chunk(project, ["old", "new"], [1, 2], [5_000, 50_000]))
     assert writer.close() == 2
     ids = ["old", "new", *(f"n{i}" for i in range(100))]
-    writer = CheckedChunkWriter(client, connections=2)
+    writer = CheckedChunkWriter(settings, connections=2)
     writer.send(_chunk(project, ids, list(range(102)), [10_000] * 102, restore=True))
     assert writer.close() == 101
     assert (writer.restored, writer.skipped_older) == (100, 1)
@@ -153,11 +154,11 @@ def test_new_keys_are_created_by_restore_and_existing_ones_are_checked(client):
 
 
 def test_a_refused_restore_turns_restores_off_and_every_row_is_still_written(client):
-    client, project = client
+    client, project, settings = client
     user = f"no_restore_{uuid.uuid4().hex[:8]}"
     client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-restore"])
     try:
-        limited = redis.Redis(**{**client.connection_pool.connection_kwargs, "username": user, "password": "pw"})
+        limited = RedisSettings.parse(f"{settings.nodes[0][0]}:{settings.nodes[0][1]},username={user},password=pw")
         ids = [f"r{i}" for i in range(10)]
         writer = CheckedChunkWriter(limited, connections=1)
         writer.send(_chunk(project, ids, list(range(10)), [10_000] * 10, restore=True))
@@ -172,14 +173,14 @@ def test_a_refused_restore_turns_restores_off_and_every_row_is_still_written(cli
 def test_key_ttl_is_set_on_every_key_written_as_feast_does(client):
     """Feast's `key_ttl_seconds`: each written key (created by RESTORE or rewritten check-and-set) gets the
     expiry; a row skipped as older leaves the key's expiry as it was."""
-    client, project = client
+    client, project, settings = client
     encoder = layout.KeyEncoder(project, {"asset_id": ValueType.STRING})
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(_chunk(project, ["kept", "older"], [1, 2], [10_000, 90_000]))
     assert writer.close() == 2
     assert [client.ttl(k) for k in encoder.keys([["kept", "older"]])] == [-1, -1]
 
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(_chunk(project, ["kept", "older", "new"], [3, 4, 5], [20_000] * 3, restore=True, key_ttl_s=600))
     assert writer.close() == 2 and writer.restored == 1 and writer.skipped_older == 1
     kept, older, new = (client.ttl(k) for k in encoder.keys([["kept", "older", "new"]]))

@@ -12,7 +12,7 @@ import pytest
 
 from cli_helpers import ROOT
 
-PACKAGES = {"common", "dsl", "streaming", "batch", "serving", "inference", "featurectl"}
+PACKAGES = {"common", "dsl", "redis_store", "streaming", "batch", "serving", "inference", "featurectl"}
 USER_SCRIPT = '''\
 from dsl import Aggregation, Entity, EventSource, FeatureView, Int64, String, Timestamp
 from serving import OnlineClient

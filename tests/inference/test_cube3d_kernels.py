@@ -16,7 +16,6 @@ pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent("""
     import torch
-    from inference import triton_ops
     from inference.engine import Engine
     from inference.ops import TorchOps
     from inference.sampling import guide
@@ -54,7 +53,7 @@ SCRIPT = textwrap.dedent("""
             q2 = to.qk_norm_rope_cache(qkv, lw, rows, m.rope_cos, m.rope_sin, pos, 1e-5)
             assert rel(q1, q2) < 1e-5 and rel(k1, lw.cache.k) < 1e-6 and rel(v1, lw.cache.v) < 1e-6
             assert rel(tr.attention_output(q2, lw, rows, pos), to.attention(q2, lw, rows, pos)) < 1e-5
-            triton_ops.FUSE_QK_ROWS = rows
+            tr.launch.fuse_qk_rows = rows
             for attn in (None, (32, 4, 2, 0)):       # fused q/k norm + RoPE: split over the cache, or one program
                 tr.attn = attn
                 lw.cache.k.copy_(saved[0]); lw.cache.v.copy_(saved[1])
@@ -66,7 +65,7 @@ SCRIPT = textwrap.dedent("""
             tr.attn = None
             wp = torch.randn(cfg.n_embd, cfg.n_embd)
             for fuse in (False, True):                                     # combine kernel, or inside the GEMM
-                triton_ops.FUSE_COMBINE = fuse
+                tr.launch.fuse_combine = fuse
                 got = tr.linear_parts(tr.attention(q2, lw, rows, pos), wp).sum(0)
                 assert rel(got, to.linear(to.attention(q2, lw, rows, pos), wp)) < 1e-5
     x = torch.randn(rows, d)

@@ -40,12 +40,11 @@ def _repo(tmp: Path) -> Path:
 
 def _materialize(repo: Path) -> None:
     """Offline tables of both views written, then materialized into Redis by our materializer."""
-    import redis
-
     from batch.materialize import materialize_view
+    from common.config import load_config
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
-    from common.config import load_config
+    from redis_store.settings import RedisSettings
 
     cfg = load_config(repo)
     views = load_repo(repo)
@@ -61,12 +60,12 @@ def _materialize(repo: Path) -> None:
                                                                           pa.timestamp("ms", "UTC"))}
     for name, kind in activity_view.output_schema().items():
         activity[name] = pa.array([120 if name == "views_24h" else (7 if kind.is_numeric else "user_1")])
-    client = redis.Redis(*cfg.redis_host_port)
+    settings = RedisSettings.from_config(cfg)
     for view_name, columns in (("asset_attributes", attrs), ("asset_activity", activity)):
         view = views.view(view_name)
         path = offline_table_path(cfg.data_dir, view)
         ds.write_dataset(pa.table(columns), path, format="parquet")
-        materialize_view(client, view, cfg.project, path, NOW - dt.timedelta(days=500), NOW)
+        materialize_view(settings, view, cfg.project, path, NOW - dt.timedelta(days=500), NOW)
 
 
 @pytest.fixture(scope="module")

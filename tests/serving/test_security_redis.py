@@ -11,14 +11,16 @@ import subprocess
 import time
 from pathlib import Path
 
+import hiredis
 import pytest
 import yaml
 from serving_env import feast_rows, feature_server, free_port, get, make_repo, post
 
 from common.config import load_config
+from redis_store.errors import RedisConfigError, RedisReplyError, RedisUnavailableError
+from redis_store.node import SyncNode
+from redis_store.settings import RedisSettings
 from serving import AsyncOnlineClient, OnlineClient
-from serving.errors import RedisUnavailableError, ServingError
-from serving.redis_connect import RedisConfigError, RedisSettings, redis_client
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +48,11 @@ class ConfRedis:
         deadline = time.monotonic() + 15
         while True:
             try:
-                redis_client(ready, socket_timeout=1).ping()
+                node = SyncNode(ready, ready.nodes[0])
+                try:
+                    node.ping()
+                finally:
+                    node.close()
                 return
             except Exception:
                 if self.process.poll() is not None or time.monotonic() > deadline:
@@ -161,8 +167,10 @@ def test_sdk_reads_with_the_password_and_with_an_acl_user(auth_redis, auth_repo,
             await client.close()
 
     assert asyncio.run(read())["category"] == ["chair"]
-    writer = redis_client(load_config(acl).redis_settings())          # the writers' client: same AUTH
-    assert writer.ping() and writer.acl_whoami() == ACL_USER
+    writers = RedisSettings.from_config(load_config(acl))           # what the writers connect with: same AUTH
+    node = SyncNode(writers, writers.nodes[0])
+    assert node.read([], [hiredis.pack_command(("ACL", "WHOAMI"))]) == [ACL_USER.encode()]
+    node.close()
 
 
 @pytest.mark.parametrize("suffix, reply", [("", "NOAUTH"), (",password=wrong-one", "WRONGPASS"),
@@ -171,7 +179,7 @@ def test_missing_or_wrong_password_is_a_clear_error_without_secrets(auth_redis, 
     caplog.set_level(logging.DEBUG)
     port = auth_redis[1]
     repo = _with_connection(auth_repo, f"127.0.0.1:{port}{suffix}")
-    with OnlineClient.from_repo(repo) as client, pytest.raises(ServingError) as caught:
+    with OnlineClient.from_repo(repo) as client, pytest.raises(RedisReplyError) as caught:
         client.get_features(FEATURES, {"asset_id": ["a1"]})
     message = str(caught.value)
     assert reply in message and "set `password=`" in message and "connection_string" in message
@@ -229,22 +237,19 @@ def test_tls_with_client_certificates_for_feast_the_sdk_and_the_writers(tls_redi
             await client.close()
 
     assert asyncio.run(read())["category"] == ["lamp"]
-    writer = redis_client(RedisSettings.parse(full))
-    assert writer.ping() and writer.connection_pool.connection_kwargs["ssl_ca_certs"].endswith("ca.crt")
-    _materialize_one(writer, load_config(repo).project, "a10", "sofa")                 # our raw-socket writer
+    _materialize_one(RedisSettings.parse(full), load_config(repo).project, "a10", "sofa")  # materialization
     with OnlineClient.from_repo(repo) as client:
         assert client.get_features(["asset_attributes:category"], {"asset_id": ["a10"]})["category"] == ["sofa"]
 
 
-def _materialize_one(client, project: str, asset_id: str, category: str) -> None:
-    """One row through the materializer's check-and-set writer, which talks RESP on redis-py's TLS socket."""
+def _materialize_one(settings: RedisSettings, project: str, asset_id: str, category: str) -> None:
+    """One row through the materializer's check-and-set writer, on its own TLS connection."""
     import numpy as np
     import pyarrow as pa
 
     from batch.redis_writer import CheckedChunkWriter, RowCommands
     from dsl.types import ValueType
-    from serving import redis_columns as columns
-    from serving import redis_layout as layout
+    from redis_store import columns, layout
 
     keys = columns.bulk(columns.key_column(layout.KeyEncoder(project, {"asset_id": ValueType.STRING}),
                                            [pa.array([asset_id])]))
@@ -252,7 +257,7 @@ def _materialize_one(client, project: str, asset_id: str, category: str) -> None
     ts_field = layout.ts_field("asset_attributes")
     fields = [layout.field_name("asset_attributes", "category"), ts_field]
     values = [columns.value_column(pa.array([category]), ValueType.STRING), columns.timestamp_column(millis)]
-    writer = CheckedChunkWriter(client, connections=1)
+    writer = CheckedChunkWriter(settings, connections=1)
     writer.send(RowCommands(keys, millis, columns.hget_commands(keys, ts_field), fields, values))
     assert writer.close() == 1
 
@@ -265,8 +270,6 @@ def test_tls_misconfiguration_fails_fast_and_says_so(tls_redis, caplog, change):
             "no_client_cert": full.split(",ssl_certfile=")[0],
             "plain_tcp": f"127.0.0.1:{port},password={PASSWORD},socket_timeout=0.5"}[change]
     node_settings = RedisSettings.parse(text)
-    from serving.redis_node import SyncNode
-
     node = SyncNode(node_settings, node_settings.nodes[0])
     started = time.monotonic()
     with pytest.raises(RedisUnavailableError) as caught:

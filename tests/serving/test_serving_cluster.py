@@ -11,8 +11,8 @@ import pytest
 from redis.crc import key_slot
 from serving_env import feast_rows, make_repo, redis_cluster
 
+from redis_store.cluster import SlotMap
 from serving.client import AsyncOnlineClient, OnlineClient
-from serving.redis_cluster import SlotMap
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """The compatibility promise, both ways, on the local Redis: what Feast writes our SDK reads identically, and what
-`serving.redis_layout` writes Feast's `get_online_features` reads identically. Also ttl, missing entities, output
+`redis_store.layout` writes Feast's `get_online_features` reads identically. Also ttl, missing entities, output
 formats, the async client and the registry refresh."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import redis
 from serving_env import feast_rows, make_repo
 
 from dsl.types import ValueType
-from serving import redis_layout as layout
+from redis_store import layout
 from serving.client import AsyncOnlineClient, OnlineClient
 from serving.errors import EntityError, RequestError, UnknownFeatureError, UnknownServiceError
 

@@ -10,10 +10,10 @@ import types
 import hiredis
 import pytest
 
-from serving.errors import RedisUnavailableError
+from redis_store.errors import RedisUnavailableError
+from redis_store.node import _ReplyProtocol
 from serving.http_app import FeatureServer
 from serving.http_protocol import FeatureHttpProtocol
-from serving.redis_node import _ReplyProtocol
 
 
 class FakeTransport:

@@ -27,7 +27,7 @@ import window_oracle
 from cli_helpers import ROOT
 from dsl import load_repo
 from dsl.feature_view import FeatureView
-from serving import redis_layout
+from redis_store import layout as redis_layout
 from streaming.status import read_statuses
 
 BOOTSTRAP = "127.0.0.1:19092"

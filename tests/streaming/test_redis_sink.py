@@ -11,7 +11,8 @@ import redis
 from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float64, String, Timestamp
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
-from serving import redis_layout as layout
+from redis_store import layout
+from redis_store.settings import RedisSettings
 from streaming.redis_sink import RedisSink
 from streaming.windows import ViewLayout
 
@@ -27,10 +28,11 @@ T = 1_767_225_600_000
 
 @pytest.fixture()
 def sink_env(local_services):
-    client = redis.Redis(*local_services.redis_host_port)
+    host, port = local_services.redis_host_port
+    client = redis.Redis(host, port)
     project = f"sink_{uuid.uuid4().hex[:8]}"
     view_layout = ViewLayout(compile_view(VIEW, SourceSettings("x:1", Path("/"))))
-    yield client, project, view_layout
+    yield client, project, view_layout, RedisSettings.parse(f"{host}:{port}")
     for key in client.scan_iter(match=f"*{project}".encode(), count=1_000):
         client.delete(key)
 
@@ -41,8 +43,8 @@ def _row(layout_: ViewLayout, shop: str, revenue: float, kind: str) -> tuple:
 
 
 def test_rows_land_in_feast_layout_and_older_ones_are_refused(sink_env):
-    client, project, view_layout = sink_env
-    sink = RedisSink(client, project)
+    client, project, view_layout, settings = sink_env
+    sink = RedisSink(settings, project)
     assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 2.5, "buy")], T)) == []
     older = [_row(view_layout, "s2", 1.0, "new"), _row(view_layout, "s1", 9.0, "late")]
     assert sink.send(sink.commands(view_layout, older, T - 60_000)) == [(1, T)]  # refused, with Redis's `_ts`
@@ -53,8 +55,8 @@ def test_rows_land_in_feast_layout_and_older_ones_are_refused(sink_env):
 
 
 def test_written_keys_expire_after_the_key_ttl(sink_env):
-    client, project, view_layout = sink_env
-    sink = RedisSink(client, project, key_ttl_s=300)
+    client, project, view_layout, settings = sink_env
+    sink = RedisSink(settings, project, key_ttl_s=300)
     rows = [_row(view_layout, shop, 1.0, "view") for shop in ("s1", "s2")]
     assert sink.send(sink.commands(view_layout, rows, T)) == []
     s1, s2 = layout.KeyEncoder(project, {"shop": ValueType.STRING}).keys([["s1", "s2"]])

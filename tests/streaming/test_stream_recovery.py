@@ -12,7 +12,7 @@ import psutil
 import pytest
 import redis
 
-from serving import redis_layout
+from redis_store import layout as redis_layout
 from stream_env import (REDIS_PORT, EventLog, StreamProcess, StreamRepo, dead_letters, expected, mismatches, produce,
                         served)
 from test_stream_exactness import HOUR, MINUTE, T0, interactions

@@ -11,9 +11,9 @@ import uuid
 import hiredis
 import pytest
 
-from serving.errors import RedisUnavailableError
-from serving.redis_connect import RedisSettings
-from serving.redis_node import SyncNode
+from redis_store.errors import RedisUnavailableError
+from redis_store.node import SyncNode
+from redis_store.settings import RedisSettings
 
 
 def _fake_redis(answer_after_s: float | None) -> tuple[socket.socket, tuple[str, int]]:

@@ -1,4 +1,5 @@
-"""Feast's Redis layout, byte for byte: the one module every writer and reader of online values uses.
+"""Feast's Redis layout, byte for byte: keys, fields, the value tag table, varints and timestamps, one value at a
+time (`redis_store.columns` does whole columns with the same tags and varint).
 
 Format (Feast 0.67, `entity_key_serialization_version: 3`, RedisOnlineStore):
 - key: the serialized entity key followed by the project name (UTF-8). The entity key is
@@ -25,8 +26,12 @@ from dsl.types import ValueType
 # Feast's ValueType enum numbers (feast/protos/feast/types/Value.proto) used inside entity keys.
 _KEY_TYPE = {ValueType.STRING: 2, ValueType.INT32: 3, ValueType.INT64: 4}
 # Field tags of feast.types.Value: (field number << 3) | wire type.
-_TAG = {ValueType.STRING: 0x12, ValueType.INT32: 0x18, ValueType.INT64: 0x20, ValueType.FLOAT64: 0x29,
+TAGS = {ValueType.STRING: 0x12, ValueType.INT32: 0x18, ValueType.INT64: 0x20, ValueType.FLOAT64: 0x29,
         ValueType.FLOAT32: 0x35, ValueType.BOOL: 0x38, ValueType.TIMESTAMP: 0x40}
+TIMESTAMP_SECONDS, TIMESTAMP_NANOS = 0x08, 0x10  # google.protobuf.Timestamp's field tags
+BYTES_TAG = 0x0A  # feast.types.Value.bytes_val: read, never written
+_KINDS = {tag: kind for kind, tag in TAGS.items()}
+_FLOATS = {ValueType.FLOAT64: "<d", ValueType.FLOAT32: "<f"}
 NULL = b""
 
 
@@ -91,21 +96,40 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def varint_matrix(values: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """Protobuf varints of int64 values (two's complement, as protobuf does), placed from column `first` of a
+    uint8 matrix, one row per value; (matrix, row lengths). The one vectorized varint: columns, timestamps and
+    the streaming sink's values are all built with it."""
+    rest = values.astype(np.int64).view(np.uint64).copy()
+    matrix = np.zeros((len(values), first + 10), dtype=np.uint8)
+    lengths = np.full(len(values), first + 1, dtype=np.int32)
+    for i in range(10):
+        more = rest > 0x7F
+        matrix[:, first + i] = (rest & np.uint64(0x7F)).astype(np.uint8) | (more.astype(np.uint8) << 7)
+        rest >>= np.uint64(7)
+        lengths += more
+        if not more.any():
+            break
+    return matrix, lengths
+
+
+def matrix_rows(matrix: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+    """Row i of a uint8 matrix cut to lengths[i] bytes, as Python bytes."""
+    width, buf = matrix.shape[1], np.ascontiguousarray(matrix).tobytes()
+    return [buf[i * width:i * width + n] for i, n in enumerate(lengths.tolist())]
+
+
 def encode_value(value: Any, kind: ValueType) -> bytes:
     """One value as a serialized feast.types.Value; None (or NaN for floats) is NULL."""
     if value is None or (isinstance(value, float) and value != value):
         return NULL
-    tag = _TAG[kind]
+    tag = bytes((TAGS[kind],))
     if kind is ValueType.STRING:
         raw = value.encode() if isinstance(value, str) else bytes(value)
-        return bytes([tag]) + _varint(len(raw)) + raw
-    if kind is ValueType.FLOAT64:
-        return b"\x29" + struct.pack("<d", value)
-    if kind is ValueType.FLOAT32:
-        return b"\x35" + struct.pack("<f", value)
-    if kind is ValueType.BOOL:
-        return b"\x38\x01" if value else b"\x38\x00"
-    return bytes([tag]) + _varint(int(value))
+        return tag + _varint(len(raw)) + raw
+    if kind in _FLOATS:
+        return tag + struct.pack(_FLOATS[kind], value)
+    return tag + _varint(int(bool(value)) if kind is ValueType.BOOL else int(value))
 
 
 def encode_column(values: Any, kind: ValueType, mask: Optional[np.ndarray] = None) -> list[bytes]:
@@ -114,14 +138,16 @@ def encode_column(values: Any, kind: ValueType, mask: Optional[np.ndarray] = Non
     if kind in (ValueType.FLOAT64, ValueType.FLOAT32) and isinstance(values, np.ndarray):
         width, code = (8, "<f8") if kind is ValueType.FLOAT64 else (4, "<f4")
         packed = np.empty(len(values), dtype=[("tag", "u1"), ("value", code)])
-        packed["tag"] = _TAG[kind]
+        packed["tag"] = TAGS[kind]
         packed["value"] = values
         buf = packed.tobytes()
         size = width + 1
         out = [buf[i:i + size] for i in range(0, len(buf), size)]
         nulls = np.isnan(values) if mask is None else (mask | np.isnan(values))
     elif kind in (ValueType.INT64, ValueType.INT32, ValueType.TIMESTAMP) and isinstance(values, np.ndarray):
-        out = _varint_column(_TAG[kind], values.astype(np.int64))
+        matrix, lengths = varint_matrix(values, 1)
+        matrix[:, 0] = TAGS[kind]
+        out = matrix_rows(matrix, lengths)
         nulls = mask
     elif kind is ValueType.STRING:
         raw = [v.encode() if isinstance(v, str) else b"" for v in values]
@@ -137,34 +163,15 @@ def encode_column(values: Any, kind: ValueType, mask: Optional[np.ndarray] = Non
     return out
 
 
-def _varint_column(tag: int, values: np.ndarray) -> list[bytes]:
-    """Tag + varint of every value, built by numpy in a fixed 11-byte stride and cut to length."""
-    unsigned = values.view(np.uint64)
-    stride = 11
-    packed = np.zeros((len(values), stride), dtype=np.uint8)
-    packed[:, 0] = tag
-    lengths = np.ones(len(values), dtype=np.int64)
-    rest = unsigned.copy()
-    for i in range(10):
-        byte = (rest & np.uint64(0x7F)).astype(np.uint8)
-        rest >>= np.uint64(7)
-        more = rest > 0
-        packed[:, 1 + i] = byte | (more.astype(np.uint8) << 7)
-        lengths += more
-    buf = packed.tobytes()
-    ends = (np.arange(len(values)) * stride + 1 + lengths).tolist()
-    return [buf[end - 1 - n:end] for end, n in zip(ends, lengths.tolist())]
-
-
 _SHORT_LENGTH = [bytes((n,)) for n in range(128)]
 
 
 def encode_timestamp(epoch_ms: int) -> bytes:
     """A google.protobuf.Timestamp (seconds, nanos) from epoch milliseconds; zero fields are omitted."""
     seconds, millis = divmod(int(epoch_ms), 1000)
-    out = b"\x08" + _varint(seconds) if seconds else b""
+    out = bytes((TIMESTAMP_SECONDS,)) + _varint(seconds) if seconds else b""
     if millis:
-        out += b"\x10" + _varint(millis * 1_000_000)
+        out += bytes((TIMESTAMP_NANOS,)) + _varint(millis * 1_000_000)
     return out
 
 
@@ -188,9 +195,9 @@ def decode_timestamp_ms(data: Optional[bytes]) -> Optional[int]:
     while pos < len(data):
         tag = data[pos]
         value, pos = _read_varint(data, pos + 1)
-        if tag == 0x08:
+        if tag == TIMESTAMP_SECONDS:
             seconds = value - (1 << 64) if value >= 1 << 63 else value
-        elif tag == 0x10:
+        elif tag == TIMESTAMP_NANOS:
             nanos = value
     return seconds * 1000 + nanos // 1_000_000
 
@@ -207,20 +214,18 @@ def decode_value(data: Optional[bytes]) -> Any:
     """A serialized feast.types.Value back to a Python scalar (None for NULL or a missing field)."""
     if not data:
         return None
-    tag = data[0]
-    if tag == 0x29:
-        return struct.unpack_from("<d", data, 1)[0]
-    if tag == 0x35:
-        return struct.unpack_from("<f", data, 1)[0]
-    if tag == 0x12 or tag == 0x0A:
+    kind = _KINDS.get(data[0])
+    if kind in _FLOATS:
+        return struct.unpack_from(_FLOATS[kind], data, 1)[0]
+    if kind is ValueType.STRING or data[0] == BYTES_TAG:
         length, pos = _read_varint(data, 1)
         raw = data[pos:pos + length]
-        return raw.decode() if tag == 0x12 else raw
-    if tag in (0x20, 0x40):
+        return raw.decode() if kind is ValueType.STRING else raw
+    if kind in (ValueType.INT64, ValueType.TIMESTAMP):
         return _signed(_read_varint(data, 1)[0], 64)
-    if tag == 0x18:
+    if kind is ValueType.INT32:
         return _signed(_read_varint(data, 1)[0], 32)
-    if tag == 0x38:
+    if kind is ValueType.BOOL:
         return bool(_read_varint(data, 1)[0])
     from feast.protos.feast.types.Value_pb2 import Value as ValueProto  # lists, maps: rare, let protobuf do it
 

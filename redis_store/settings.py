@@ -11,8 +11,8 @@ Feast's `online_store.connection_string` format is kept, so Feast's own RedisOnl
 does), so the password need not be written in the file. The password is kept out of every repr, log line and
 error message.
 
-Our own readers (`serving.redis_node`, `serving.redis_cluster`) take `RedisSettings`; writers built on redis-py
-(materialization, the streaming sink, tooling) take `redis_client(settings)`.
+Every client of ours (`redis_store.node`, `redis_store.cluster`: the SDK, the servers, materialization, the
+streaming sink) takes `RedisSettings`.
 """
 
 from __future__ import annotations
@@ -25,17 +25,14 @@ from typing import Any, Optional
 
 import hiredis
 
-from serving.errors import ServingError
+from common.config import ProjectConfig
+from redis_store.errors import RedisConfigError
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 _RAW = {"username", "password", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"}  # kept verbatim, never decoded
 _KNOWN = {"db", "username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
           "ssl_check_hostname", "socket_timeout", "socket_connect_timeout", "skip_full_coverage_check"}
 AUTH_ERRORS = ("NOAUTH", "WRONGPASS", "NOPERM")
-
-
-class RedisConfigError(ServingError):
-    """`online_store.connection_string` cannot be used as written; the message names the part and the fix."""
 
 
 def _value(name: str, text: str) -> Any:
@@ -85,7 +82,21 @@ class RedisSettings:
     keyfile: Optional[str] = None
     cert_reqs: str = "required"
     check_hostname: bool = False
-    spin_s: float = 0.0002  # the sync client's busy poll for a reply before it sleeps (`redis_node._Connection`)
+    spin_s: float = 0.0002  # the sync client's busy poll for a reply before it sleeps (`node.Connection`)
+
+    @classmethod
+    def from_config(cls, config: ProjectConfig, timeout_s: float = 1.0) -> "RedisSettings":
+        """From the repo's feature_store.yaml (`online_store`), as Feast reads it."""
+        store = config.raw.get("online_store") or {}
+        return cls.parse(store.get("connection_string", "127.0.0.1:6379"), store.get("redis_type", "redis"),
+                         timeout_s)
+
+    def single_node(self, purpose: str) -> tuple[str, int]:
+        """The one node of a non-cluster setup; a cluster is refused, saying so (`purpose`: who needs one)."""
+        if self.cluster:
+            raise RedisConfigError(f"{purpose} needs a single Redis node; point online_store.connection_string at "
+                                   "one and set redis_type: redis")
+        return self.nodes[0]
 
     @classmethod
     def from_feast(cls, online_store: Any, timeout_s: float = 1.0) -> "RedisSettings":
@@ -154,25 +165,3 @@ def auth_hint(reply: Any) -> str:
         return ("; set `password=` (and `username=` for an ACL user) in online_store.connection_string, "
                 "e.g. password=${REDIS_PASSWORD}")
     return ""
-
-
-def redis_client(settings: RedisSettings, socket_timeout: Optional[float] = None) -> Any:
-    """A redis-py client for the first node, with the same AUTH, TLS and db (materialization, the streaming sink).
-
-    Writers that batch many keys in one script or transaction need a single node: a cluster is refused with what
-    to do.
-    """
-    import redis
-
-    if settings.cluster:
-        raise RedisConfigError("this writer needs a single Redis node; point online_store.connection_string at "
-                               "one and set redis_type: redis")
-    host, port = settings.nodes[0]
-    tls = {}
-    if settings.tls:
-        tls = {"ssl": True, "ssl_ca_certs": settings.ca_certs, "ssl_certfile": settings.certfile,
-               "ssl_keyfile": settings.keyfile, "ssl_cert_reqs": settings.cert_reqs,
-               "ssl_check_hostname": settings.check_hostname}
-    return redis.Redis(host=host, port=port, db=settings.db, username=settings.username,
-                       password=settings.password, socket_timeout=socket_timeout or settings.timeout_s,
-                       socket_connect_timeout=settings.connect_timeout_s, **tls)

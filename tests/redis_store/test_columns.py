@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 
 from dsl.types import ValueType
-from serving import redis_columns as columns
-from serving import redis_layout as layout
+from redis_store import columns, layout
 
 SAMPLES = {
     ValueType.STRING: (pa.string(), ["", "asset_000001", "ünïcødé ✓", "x" * 300, None, "y" * 20_000]),

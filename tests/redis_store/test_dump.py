@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 import redis
 
-from batch import redis_dump as dump
 from dsl.types import ValueType
-from serving import redis_columns as columns
-from serving import redis_layout as layout
+from redis_store import columns, dump, layout
+from redis_store.node import SyncNode
+from redis_store.settings import RedisSettings
 
 
 def test_crc64_is_redis_crc64_jones():
@@ -84,7 +84,10 @@ def test_rows_hset_would_store_differently_are_not_restorable():
 
 @pytest.mark.integration
 def test_listpack_limits_come_from_the_server(local_services):
-    client = redis.Redis(*local_services.redis_host_port)
-    value, entries = dump.listpack_limits(client)
+    host, port = local_services.redis_host_port
+    client = redis.Redis(host, port)
+    node = SyncNode(RedisSettings.parse(f"{host}:{port}"), (host, port))
+    value, entries = dump.listpack_limits(node)
+    node.close()
     config = client.config_get("hash-max-listpack-*")
     assert (value, entries) == (int(config["hash-max-listpack-value"]), int(config["hash-max-listpack-entries"]))

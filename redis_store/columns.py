@@ -1,9 +1,9 @@
 """Feast's Redis layout for whole Arrow columns, down to the RESP bytes of the HSET commands.
 
-`serving.redis_layout` encodes values one Python object at a time; materialization writes millions of them, so
-here every step is a numpy or Arrow kernel over a column: protobuf varints from a fixed-stride byte matrix cut
-to length, RESP framing by `binary_join_element_wise`, and one command per row whose bytes lie back to back in
-the result's data buffer, ready for the socket. Tests check every byte against `serving.redis_layout`.
+`redis_store.layout` encodes values one Python object at a time; materialization writes millions of them, so
+here every step is a numpy or Arrow kernel over a column: protobuf varints (`layout.varint_matrix`, with the
+layout's tag table), RESP framing by `binary_join_element_wise`, and one command per row whose bytes lie back to
+back in the result's data buffer, ready for the socket. Tests check every byte against `redis_store.layout`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsl.types import ValueType
-from serving import redis_layout as layout
+from redis_store import layout
 
 _EMPTY = pa.scalar(b"", pa.binary())
 _CRLF = pa.scalar(b"\r\n", pa.binary())
 _DOLLAR = pa.scalar(b"$", pa.binary())
-_FIXED = {ValueType.FLOAT64: (0x29, "<f8"), ValueType.FLOAT32: (0x35, "<f4")}
-_VARINT = {ValueType.INT64: 0x20, ValueType.INT32: 0x18, ValueType.BOOL: 0x38, ValueType.TIMESTAMP: 0x40}
+_FIXED = {ValueType.FLOAT64: "<f8", ValueType.FLOAT32: "<f4"}
+_VARINT = (ValueType.INT64, ValueType.INT32, ValueType.BOOL, ValueType.TIMESTAMP)
 
 
 def binary_array(lengths: np.ndarray, data: np.ndarray) -> pa.BinaryArray:
@@ -39,21 +39,6 @@ def binary_rows(matrix: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
     return binary_array(lengths, matrix[np.arange(matrix.shape[1]) < lengths[:, None]])
 
 
-def _varint_matrix(values: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
-    """Protobuf varints of int64 values (two's complement, as protobuf does) from column `first` on."""
-    rest = values.astype(np.int64).view(np.uint64).copy()
-    matrix = np.zeros((len(values), first + 10), dtype=np.uint8)
-    lengths = np.full(len(values), first + 1, dtype=np.int32)
-    for i in range(10):
-        more = rest > 0x7F
-        matrix[:, first + i] = (rest & np.uint64(0x7F)).astype(np.uint8) | (more.astype(np.uint8) << 7)
-        rest >>= np.uint64(7)
-        lengths += more
-        if not more.any():
-            break
-    return matrix, lengths
-
-
 def _null_mask(column: pa.Array) -> np.ndarray | None:
     return column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
 
@@ -61,7 +46,7 @@ def _null_mask(column: pa.Array) -> np.ndarray | None:
 @dataclass(frozen=True)
 class BoundedValues:
     """Serialized values of bounded width: row i is `matrix[i, :lengths[i]]`. Kept as a matrix so that other
-    encodings (the DUMP payloads of `batch.redis_dump`) can place the bytes without an Arrow round trip."""
+    encodings (the DUMP payloads of `redis_store.dump`) can place the bytes without an Arrow round trip."""
 
     matrix: np.ndarray
     lengths: np.ndarray
@@ -76,7 +61,7 @@ def value_encoding(column: pa.Array, kind: ValueType) -> BoundedValues | pa.Bina
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     nulls = _null_mask(column)
     if kind in _FIXED:
-        tag, dtype = _FIXED[kind]
+        tag, dtype = layout.TAGS[kind], _FIXED[kind]
         values = column.fill_null(0).to_numpy(zero_copy_only=False).astype(dtype)
         width = values.dtype.itemsize + 1
         matrix = np.empty((len(values), width), dtype=np.uint8)
@@ -89,13 +74,13 @@ def value_encoding(column: pa.Array, kind: ValueType) -> BoundedValues | pa.Bina
         if pa.types.is_timestamp(column.type):  # Feast's unix_timestamp_val holds epoch seconds
             column = column.cast(pa.timestamp("s", column.type.tz), safe=False).cast(pa.int64())
         numbers = column.fill_null(False if kind is ValueType.BOOL else 0).to_numpy(zero_copy_only=False)
-        matrix, lengths = _varint_matrix(numbers.astype(np.int64), 1)
-        matrix[:, 0] = _VARINT[kind]
+        matrix, lengths = layout.varint_matrix(numbers.astype(np.int64), 1)
+        matrix[:, 0] = layout.TAGS[kind]
     else:  # STRING, the one kind of unbounded width: Arrow joins the varint length prefix and the bytes
         raw = column.cast(pa.binary())
         sizes = pc.binary_length(raw).fill_null(0).to_numpy(zero_copy_only=False)
-        prefix, prefix_lengths = _varint_matrix(sizes, 1)
-        prefix[:, 0] = 0x12
+        prefix, prefix_lengths = layout.varint_matrix(sizes, 1)
+        prefix[:, 0] = layout.TAGS[ValueType.STRING]
         return pc.binary_join_element_wise(binary_rows(prefix, prefix_lengths), raw, _EMPTY).fill_null(b"")
     if nulls is not None:
         lengths = np.where(nulls, 0, lengths).astype(np.int32)
@@ -111,11 +96,11 @@ def value_column(column: pa.Array, kind: ValueType) -> pa.BinaryArray:
 def timestamp_column(epoch_ms: np.ndarray) -> pa.BinaryArray:
     """Serialized google.protobuf.Timestamp per row (the `_ts` field), zero fields omitted as protobuf does."""
     seconds, millis = np.divmod(epoch_ms.astype(np.int64), 1000)
-    sec_matrix, sec_lengths = _varint_matrix(seconds, 1)
-    sec_matrix[:, 0] = 0x08
+    sec_matrix, sec_lengths = layout.varint_matrix(seconds, 1)
+    sec_matrix[:, 0] = layout.TIMESTAMP_SECONDS
     sec_lengths = np.where(seconds != 0, sec_lengths, 0).astype(np.int32)
-    nano_matrix, nano_lengths = _varint_matrix(millis * 1_000_000, 1)
-    nano_matrix[:, 0] = 0x10
+    nano_matrix, nano_lengths = layout.varint_matrix(millis * 1_000_000, 1)
+    nano_matrix[:, 0] = layout.TIMESTAMP_NANOS
     nano_lengths = np.where(millis != 0, nano_lengths, 0).astype(np.int32)
     return pc.binary_join_element_wise(binary_rows(sec_matrix, sec_lengths), binary_rows(nano_matrix, nano_lengths),
                                        _EMPTY)

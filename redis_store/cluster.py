@@ -14,8 +14,9 @@ from typing import Iterable
 import hiredis
 from redis.crc import key_slot
 
-from serving.errors import RedisUnavailableError
-from serving.redis_node import AsyncNode, RedisSettings, SyncNode, check_replies
+from redis_store.errors import RedisUnavailableError
+from redis_store.node import AsyncNode, SyncNode, check_replies
+from redis_store.settings import RedisSettings
 
 CLUSTER_SLOTS = hiredis.pack_command((b"CLUSTER", b"SLOTS"))
 _ATTEMPTS = 3

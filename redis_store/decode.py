@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
 from dsl.types import ValueType
-from serving.redis_layout import NULL, decode_value, encode_value
+from redis_store.layout import NULL, decode_value, encode_value
 
 Column = Sequence[Optional[bytes]]
 ColumnDecoder = Callable[[Column], list]

@@ -1,10 +1,12 @@
-"""One Redis server, spoken to directly: packed commands out, hiredis-parsed replies in, bounded waits.
+"""One Redis server, spoken to directly: packed commands out, hiredis-parsed replies in, bounded waits. The one
+client stack of our own protocol work: the SDK and both servers read through it, materialization and the
+streaming sink write through it.
 
 redis-py's pipeline costs more than the round trip itself for one small HMGET (about 50 us against 17 us on
 loopback), so the hot path writes pre-packed RESP bytes to a socket and parses replies with `hiredis.Reader`.
 Sync callers take a connection from a small pool (one per concurrent thread); async callers share one
 connection per node, whose replies come back in order (Redis answers each connection FIFO), so concurrent
-requests pipeline on their own.
+requests pipeline on their own. Bulk writers hold a `Connection` each.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Optional
 
 import hiredis
 
-from serving.errors import RedisUnavailableError, ServingError
-from serving.redis_connect import RedisSettings, auth_hint
+from redis_store.errors import RedisReplyError, RedisUnavailableError
+from redis_store.settings import RedisSettings, auth_hint
 
 PING = hiredis.pack_command((b"PING",))
 TIMER_SLACK_S = 0.001  # asyncio's timers fire up to a millisecond early
@@ -30,11 +32,12 @@ def check_replies(replies: list, where: str) -> list:
     """Redis answered, but with an error (wrong key type, auth...): not retryable, so say what it was."""
     for reply in replies:
         if isinstance(reply, hiredis.ReplyError):
-            raise ServingError(f"redis at {where} answered with an error: {reply}{auth_hint(reply)}")
+            raise RedisReplyError(f"redis at {where} answered with an error: {reply}{auth_hint(reply)}")
     return replies
 
 
-def _unavailable(where: str, exc: BaseException, timeout_s: float) -> RedisUnavailableError:
+def unavailable(where: str, exc: BaseException, timeout_s: float) -> RedisUnavailableError:
+    """What a failed connection, read or write means to a user, and what to do."""
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return RedisUnavailableError(f"redis at {where} did not answer within {timeout_s:g}s; is it overloaded "
                                      "or stopped? retry later")
@@ -45,11 +48,12 @@ def _unavailable(where: str, exc: BaseException, timeout_s: float) -> RedisUnava
                                  "(`featurectl services up` starts the local one)")
 
 
-class _Connection:
+class Connection:
     """A non-blocking socket and its reply parser. A read first polls the socket for `spin_s` without sleeping,
     then waits in poll(2) up to the timeout: on a virtual machine a thread that sleeps for a reply pays the wake-up
     of an idle vCPU (about 50 us here, more than Redis's answer), so a short spin halves a small request's round
-    trip. Spinning costs CPU only while a reply is awaited, and never longer than `spin_s`."""
+    trip. Spinning costs CPU only while a reply is awaited, and never longer than `spin_s`. Error replies come
+    back as `hiredis.ReplyError` values among the others; socket failures raise OSError."""
 
     def __init__(self, settings: RedisSettings, address: tuple[str, int]):
         sock = socket.create_connection(address, timeout=settings.connect_timeout_s)
@@ -81,15 +85,41 @@ class _Connection:
                 self._wait(select.POLLOUT, deadline)
 
     def read(self, count: int) -> list:
-        replies, reader, recv = [], self.reader, self.sock.recv
+        replies, reader = [], self.reader
         spin_until, deadline = time.perf_counter() + self.spin_s, None
         while len(replies) < count:
             reply = reader.gets()
             if reply is not False:
                 replies.append(reply)
                 continue
+            data, deadline = self._recv(spin_until, deadline)
+            reader.feed(data)
+        return replies
+
+    def round_trip(self, parts: list, count: int) -> list:
+        """Send `parts` in one write (Redis wakes once per round trip, not once per part), read `count` replies."""
+        self.write(b"".join(parts))
+        return self.read(count)
+
+    def read_expected(self, expected: bytes, count: int) -> Optional[list]:
+        """The next `count` replies; None when their bytes are exactly `expected` (e.g. `count` times `+OK`), known
+        without parsing one reply each."""
+        received = bytearray()
+        spin_until, deadline = time.perf_counter() + self.spin_s, None
+        while len(received) < len(expected) and expected.startswith(received):
+            data, deadline = self._recv(spin_until, deadline)
+            received += data
+        if received == expected:
+            return None
+        self.reader.feed(bytes(received))
+        return self.read(count)
+
+    def _recv(self, spin_until: float, deadline: Optional[float]) -> tuple[bytes, Optional[float]]:
+        """What the socket has (at least a byte): spinning until `spin_until`, then waiting in poll(2) until the
+        read's deadline (set at its first wait, `timeout_s` later)."""
+        while True:
             try:
-                data = recv(1 << 16)
+                data = self.sock.recv(1 << 16)
             except (BlockingIOError, ssl.SSLWantReadError):
                 if time.perf_counter() < spin_until:
                     continue
@@ -98,8 +128,7 @@ class _Connection:
                 continue
             if not data:
                 raise ConnectionResetError("connection closed by redis")
-            reader.feed(data)
-        return replies
+            return data, deadline
 
     def _wait(self, event: int, deadline: float) -> None:
         left = deadline - time.monotonic()
@@ -119,10 +148,10 @@ class SyncNode:
         self.settings = settings
         self.address = address
         self.where = f"{address[0]}:{address[1]}"
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self._max_idle = max_idle
 
-    def send(self, commands: list[bytes]) -> tuple[_Connection, bool, bytes]:
+    def send(self, commands: list[bytes]) -> tuple[Connection, bool, bytes]:
         """Write the commands; `receive` reads the replies (so a cluster can write to every node first)."""
         payload = b"".join(commands)
         try:
@@ -139,7 +168,7 @@ class SyncNode:
         self._write(conn, payload)
         return conn, False, payload
 
-    def receive(self, pending: tuple[_Connection, bool, bytes], count: int) -> list:
+    def receive(self, pending: tuple[Connection, bool, bytes], count: int) -> list:
         conn, pooled, payload = pending
         try:
             replies = conn.read(count)
@@ -150,25 +179,25 @@ class SyncNode:
                 fresh = self._connect()
                 self._write(fresh, payload)
                 return self.receive((fresh, False, payload), count)
-            raise _unavailable(self.where, exc, self.settings.timeout_s) from exc
+            raise unavailable(self.where, exc, self.settings.timeout_s) from exc
         if len(self._idle) < self._max_idle:
             self._idle.append(conn)
         else:
             conn.close()
         return replies
 
-    def _connect(self) -> _Connection:
+    def _connect(self) -> Connection:
         try:
-            return _Connection(self.settings, self.address)
+            return Connection(self.settings, self.address)
         except OSError as exc:
-            raise _unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
+            raise unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
 
-    def _write(self, conn: _Connection, payload: bytes) -> None:
+    def _write(self, conn: Connection, payload: bytes) -> None:
         try:
             conn.write(payload)
         except OSError as exc:
             conn.close()
-            raise _unavailable(self.where, exc, self.settings.timeout_s) from exc
+            raise unavailable(self.where, exc, self.settings.timeout_s) from exc
 
     def execute(self, commands: list[bytes]) -> list:
         return self.receive(self.send(commands), len(commands))
@@ -179,6 +208,11 @@ class SyncNode:
 
     def ping(self) -> None:
         check_replies(self.execute([PING]), self.where)
+
+    def info(self, section: str = "server") -> dict[str, str]:
+        """`INFO section` as field -> value (e.g. `redis_version`, `run_id`)."""
+        [reply] = self.read([], [hiredis.pack_command(("INFO", section))])
+        return dict(line.split(":", 1) for line in reply.decode().splitlines() if ":" in line)
 
     def close(self) -> None:
         while self._idle:
@@ -252,7 +286,7 @@ class _ReplyProtocol(asyncio.Protocol):
                 continue
             if deadline <= self.loop.time() + TIMER_SLACK_S:
                 # the connection is suspect: close it, so that everyone waiting on it fails fast
-                future.set_exception(_unavailable(self.where, TimeoutError(), self.timeout_s))
+                future.set_exception(unavailable(self.where, TimeoutError(), self.timeout_s))
                 self.transport.abort()  # type: ignore[union-attr]
             else:
                 self.watchdog = self.loop.call_at(deadline, self._watch)
@@ -262,7 +296,7 @@ class _ReplyProtocol(asyncio.Protocol):
         self.lost = True
         if self.watchdog is not None:
             self.watchdog.cancel()
-        error = _unavailable(self.where, exc or ConnectionResetError("connection closed by redis"), 0)
+        error = unavailable(self.where, exc or ConnectionResetError("connection closed by redis"), 0)
         while self.waiting:
             future = self.waiting.popleft()[0]
             if not future.done():
@@ -302,7 +336,7 @@ class AsyncNode:
                                        *self.address, **tls),
                 self.settings.connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise _unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
+            raise unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
         handshake = self.settings.handshake()
         if handshake:
             try:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dsl.types import ValueType
-from serving.decode import column_decoder
+from redis_store.decode import column_decoder
 
 
 def _feast_bytes(value, kind: ValueType) -> bytes:

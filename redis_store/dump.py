@@ -15,12 +15,13 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence, Union
 
+import hiredis
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import redis
 
-from serving import redis_columns as columns
+from redis_store import columns
+from redis_store.node import SyncNode
 
 HASH_LISTPACK = 16  # RDB_TYPE_HASH_LISTPACK
 RDB_VERSION = 10  # Redis 7.0's, the first with listpack hashes; newer servers load older versions
@@ -177,15 +178,15 @@ def restore_commands(key_bulks: pa.BinaryArray, fields: Sequence[bytes], values:
         columns.binary_rows(crc, np.full(rows, 8, dtype=np.int32)), pa.scalar(b"\r\n", pa.binary()), _EMPTY)
 
 
-def listpack_limits(client) -> Optional[tuple[int, int]]:
-    """(hash-max-listpack-value, hash-max-listpack-entries) of the server behind a redis-py client, or None when
-    it cannot load these payloads (Redis before 7.0). A server that hides CONFIG is taken to have the defaults:
-    a limit changed there only changes how Redis stores a hash, never what reads return."""
-    version = tuple(int(part) for part in str(client.info("server").get("redis_version", "0")).split(".")[:2])
+def listpack_limits(node: SyncNode) -> Optional[tuple[int, int]]:
+    """(hash-max-listpack-value, hash-max-listpack-entries) of the server, or None when it cannot load these
+    payloads (Redis before 7.0). A server that hides CONFIG is taken to have the defaults: a limit changed there
+    only changes how Redis stores a hash, never what reads return."""
+    version = tuple(int(part) for part in node.info("server").get("redis_version", "0").split(".")[:2])
     if version < MIN_SERVER:
         return None
-    try:
-        config = client.config_get("hash-max-listpack-*")
-        return int(config["hash-max-listpack-value"]), int(config["hash-max-listpack-entries"])
-    except redis.exceptions.ResponseError:
+    [reply] = node.execute([hiredis.pack_command(("CONFIG", "GET", "hash-max-listpack-*"))])
+    if isinstance(reply, hiredis.ReplyError):
         return 64, 128
+    config = dict(zip(reply[::2], reply[1::2]))
+    return int(config[b"hash-max-listpack-value"]), int(config[b"hash-max-listpack-entries"])

@@ -10,7 +10,7 @@ from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from dsl.types import ValueType
-from serving import redis_layout as layout
+from redis_store import layout
 
 PROTO_FIELD = {ValueType.STRING: "string_val", ValueType.INT32: "int32_val", ValueType.INT64: "int64_val",
                ValueType.FLOAT64: "double_val", ValueType.FLOAT32: "float_val", ValueType.BOOL: "bool_val",

@@ -1,0 +1,88 @@
+"""The guarded write: a key's fields are set only when its stored `_ts:{view}` is not newer than the writer's, so a
+replay after a restart, or a slower writer, never moves a value back in time. One Lua script (it reads the
+protobuf Timestamp itself, with the layout's field tags), one EVALSHA per block of keys; a refused key is
+reported with the `_ts` it holds, so the writer can write it again once its clock gets there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from itertools import chain
+from typing import Sequence
+
+import hiredis
+
+from redis_store import layout
+
+BLOCK = 128  # keys per EVALSHA
+
+# KEYS: entity keys. ARGV: n (field/value pairs per key incl. `_ts`), the key ttl in seconds (0: none), then per
+# key: event time in ms, the `_ts` field, the serialized Timestamp, and the n - 1 feature fields and values,
+# alternating. A key is written only when its stored `_ts` is older (or missing); the arguments go to HSET as they
+# are, with no table building. A written key gets the ttl as its expiry, as Feast's writer does. Returns the
+# refused keys as (position from 0, stored ms) pairs, flattened.
+GUARDED_HSET = f"local SECONDS, NANOS = {layout.TIMESTAMP_SECONDS}, {layout.TIMESTAMP_NANOS}\n" + """
+local function pb_ms(s)
+  local seconds, nanos, i = 0, 0, 1
+  while i <= #s do
+    local tag = string.byte(s, i)
+    i = i + 1
+    local v, scale, b = 0, 1, 128
+    while b >= 128 do
+      b = string.byte(s, i)
+      i = i + 1
+      v = v + (b % 128) * scale
+      scale = scale * 128
+    end
+    if tag == SECONDS then seconds = v elseif tag == NANOS then nanos = v end
+  end
+  return seconds * 1000 + math.floor(nanos / 1000000)
+end
+local width = 2 * tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local refused, pos = {}, 3
+for k = 1, #KEYS do
+  local stored = redis.call('HGET', KEYS[k], ARGV[pos + 1])
+  local stored_ms = stored and pb_ms(stored)
+  if (not stored) or stored_ms <= tonumber(ARGV[pos]) then
+    redis.call('HSET', KEYS[k], unpack(ARGV, pos + 1, pos + width))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+  else
+    refused[#refused + 1] = k - 1
+    refused[#refused + 1] = stored_ms
+  end
+  pos = pos + 1 + width
+end
+return refused
+"""
+
+SHA = hashlib.sha1(GUARDED_HSET.encode()).hexdigest()
+LOAD = hiredis.pack_command(("SCRIPT", "LOAD", GUARDED_HSET))
+
+
+def commands(keys: Sequence[bytes], ts_ms: int, ts_field: bytes, fields: Sequence[bytes],
+             values: Sequence[Sequence[bytes]], key_ttl_s: int = 0) -> list[bytes]:
+    """Packed EVALSHA commands writing, for each key, its values (one serialized value per field) as of `ts_ms`;
+    keys get `key_ttl_s` as their expiry when it is set."""
+    ts_bytes = layout.encode_timestamp(ts_ms)
+    pairs = len(fields) + 1
+    out = []
+    for lo in range(0, len(keys), BLOCK):
+        block = keys[lo:lo + BLOCK]
+        args = chain.from_iterable((ts_ms, ts_field, ts_bytes, *chain.from_iterable(zip(fields, row)))
+                                   for row in values[lo:lo + BLOCK])
+        out.append(hiredis.pack_command(("EVALSHA", SHA, len(block), *block, pairs, key_ttl_s, *args)))
+    return out
+
+
+def refused(replies: Sequence[list]) -> list[tuple[int, int]]:
+    """(position among the keys given to `commands`, the `_ts` Redis holds) of every key the writes refused."""
+    out = []
+    for block, reply in enumerate(replies):
+        out += [(block * BLOCK + reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
+    return out
+
+
+def missing_script(reply: object) -> bool:
+    """Redis restarted without our script: load it (same sha) and write again."""
+    return isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT")

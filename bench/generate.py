@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import gc
 import json
 import logging
 import shutil
@@ -256,6 +257,8 @@ def _service(cfg, make_client: Callable | None, pipeline=None):
 
     service = GenerationService(cfg, make_client=make_client, pipeline=pipeline)
     service.warm_up()
+    gc.collect()
+    gc.freeze()  # as the server does after its warm-up
     return service
 
 

@@ -4,6 +4,7 @@ conditioned on asset features read from the online store of `--repo`."""
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -57,6 +58,8 @@ def build_service(project, cfg, warm_up: bool):
                                                               cfg.feature_timeout_s))
     if warm_up:
         service.warm_up()
+        gc.collect()
+        gc.freeze()  # models, registry, tokenizer: never garbage; keep them out of every later collection
     return service
 
 

@@ -10,7 +10,6 @@ log-linear histograms. Redis failures become 503 within the client's timeout. Wi
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
@@ -104,9 +103,12 @@ class FeatureServer:
     """
 
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
-                 make_gateway: Optional[Callable[[], Gateway]] = None):
+                 make_gateway: Optional[Callable[[], Gateway]] = None,
+                 on_started: Optional[Callable[[], None]] = None):
+        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there)."""
         self.make_client = make_client
         self.make_gateway = make_gateway  # None: no API keys asked (the local demo); else checked per request
+        self.on_started = on_started
         self.client: Optional[AsyncOnlineClient] = None
         self.gateway: Optional[Gateway] = None
         self.stats = stats or ServerStats()
@@ -247,8 +249,8 @@ class FeatureServer:
                     logger.error("feature server cannot start: %s", exc)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
-                gc.collect()
-                gc.freeze()  # the registry's objects, never garbage: keep them out of every later collection
+                if self.on_started is not None:
+                    self.on_started()
                 if self.stats.directory is not None:
                     self._sharing = asyncio.ensure_future(self._share_stats())
                 await send({"type": "lifespan.startup.complete"})

@@ -3,6 +3,9 @@ the listening socket, signals, lifespan); `serving.http_protocol` handles the HT
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import json
 import logging
 import os
 import shutil
@@ -18,10 +21,32 @@ from serving.stats import ServerStats
 
 logger = logging.getLogger(__name__)
 
-# Workers are separate processes started by uvicorn: they learn their settings from the environment.
-ENV_REPO, ENV_REGISTRY = "FEATURECTL_SERVE_REPO", "FEATURECTL_SERVE_REGISTRY"
-ENV_TIMEOUT, ENV_STATS_DIR = "FEATURECTL_SERVE_TIMEOUT_S", "FEATURECTL_SERVE_STATS_DIR"
-ENV_AUTH_REFRESH, ENV_WORKERS = "FEATURECTL_SERVE_AUTH_REFRESH_S", "FEATURECTL_SERVE_WORKERS"  # set: keys required
+# Workers are separate processes started by uvicorn: they read their settings from this one variable, set for the
+# time the server runs.
+ENV_SETTINGS = "FEATURECTL_SERVE_SETTINGS"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """What every worker needs: the repo, how long to wait on Redis, where to share its stats, and, with API keys
+    required, how often to reload them and how many workers share each key's budget."""
+
+    repo: str
+    registry: Optional[str] = None
+    timeout_s: float = 1.0
+    stats_dir: Optional[str] = None
+    auth_refresh_s: Optional[float] = None
+    workers: int = 1
+
+    def to_env(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls) -> "WorkerSettings":
+        try:
+            return cls(**json.loads(os.environ[ENV_SETTINGS]))
+        except KeyError:
+            raise RuntimeError(f"{ENV_SETTINGS} is not set: start workers with `featurectl serve`") from None
 
 
 def _without_torch() -> None:
@@ -32,25 +57,29 @@ def _without_torch() -> None:
         sys.modules["torch"] = None  # type: ignore[assignment]
 
 
+def _freeze_heap() -> None:
+    """The registry's objects, loaded at start-up, are never garbage: keep them out of every later collection."""
+    gc.collect()
+    gc.freeze()
+
+
 def create_app() -> FeatureServer:
     """The app of one worker (uvicorn's factory)."""
     _without_torch()
-    repo, registry = os.environ[ENV_REPO], os.environ.get(ENV_REGISTRY) or None
-    timeout_s = float(os.environ.get(ENV_TIMEOUT, "1.0"))
-    stats_dir = os.environ.get(ENV_STATS_DIR)
-    auth_refresh_s = os.environ.get(ENV_AUTH_REFRESH)
+    settings = WorkerSettings.from_env()
 
     def make_client() -> AsyncOnlineClient:
-        return AsyncOnlineClient.from_repo(repo, registry=registry, timeout_s=timeout_s)
+        return AsyncOnlineClient.from_repo(settings.repo, registry=settings.registry, timeout_s=settings.timeout_s)
 
     def make_gateway() -> Gateway:
         from common.config import load_config
 
-        share = 1 / int(os.environ.get(ENV_WORKERS, "1"))  # each worker admits its part of a key's budget
-        return Gateway.open(load_config(repo, registry).registry_url, float(auth_refresh_s), share)
+        registry_url = load_config(settings.repo, settings.registry).registry_url
+        return Gateway.open(registry_url, settings.auth_refresh_s, 1 / settings.workers)  # a part of each budget
 
-    return FeatureServer(make_client, ServerStats(Path(stats_dir) if stats_dir else None),
-                         make_gateway if auth_refresh_s else None)
+    stats = ServerStats(Path(settings.stats_dir) if settings.stats_dir else None)
+    return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,
+                         on_started=_freeze_heap)
 
 
 def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: int = 6566, workers: int = 1,
@@ -65,21 +94,20 @@ def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: in
     required = auth.enabled if require_api_key is None else require_api_key
     if required:
         logger.info("API keys required on POST /get-online-features (keys reloaded every %gs)", auth.refresh_s)
-        os.environ.update({ENV_AUTH_REFRESH: str(auth.refresh_s), ENV_WORKERS: str(workers)})
     else:
-        os.environ.pop(ENV_AUTH_REFRESH, None)
         logger.warning("API keys are off: any caller may read every feature (turn them on with "
                        "platform.auth.enabled: true or --require-api-key)")
     if host not in ("127.0.0.1", "localhost", "::1") and not required:
         logger.warning("serving on %s: reachable from other machines without API keys", host)
     stats_dir = tempfile.mkdtemp(prefix="featurectl-serve-stats-") if workers > 1 else None
-    os.environ.update({ENV_REPO: str(repo), ENV_REGISTRY: registry or "", ENV_TIMEOUT: str(timeout_s)})
-    if stats_dir:
-        os.environ[ENV_STATS_DIR] = stats_dir
+    settings = WorkerSettings(str(repo), registry, timeout_s, stats_dir, auth.refresh_s if required else None,
+                              workers)
+    os.environ[ENV_SETTINGS] = settings.to_env()
     try:
         uvicorn.run("serving.server:create_app", factory=True, host=host, port=port, workers=workers,
                     loop="uvloop", http="serving.http_protocol:FeatureHttpProtocol", lifespan="on",
                     access_log=False, log_level="info", timeout_keep_alive=30, proxy_headers=False)
     finally:
+        os.environ.pop(ENV_SETTINGS, None)
         if stats_dir:
             shutil.rmtree(stats_dir, ignore_errors=True)

@@ -17,7 +17,6 @@ caller waits before it gets a job id instead (`http_app`).
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import threading
 import time
@@ -132,8 +131,6 @@ class GenerationService:
         self.stats = ServiceStats()
         self.fetcher.fallbacks.update(dict.fromkeys(self.fetcher.fallbacks, 0))
         self.stats.fallbacks = self.fetcher.fallbacks
-        gc.collect()
-        gc.freeze()           # models, registry, tokenizer: never garbage; keep them out of every later collection
         log.info("warmed up in %.1fs", time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from inference.errors import UnknownConfigError
+from inference.errors import InvalidConfigError, UnknownConfigError
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,14 @@ class Cube3DConfig:
     use_bbox: bool = False
     n_generated: int = 512            # shape tokens per object (fixed length)
     guidance_scale: float = 3.0
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "shape_model_vocab_size", "n_generated", "text_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidConfigError(f"Cube3DConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            raise InvalidConfigError(f"Cube3DConfig: n_embd {self.n_embd} must split into n_head {self.n_head} "
+                                     "heads of an even size (RoPE rotates pairs); change n_embd or n_head")
 
     @property
     def head_dim(self) -> int:

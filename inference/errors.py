@@ -20,6 +20,10 @@ class UnknownConfigError(Cube3DError, ValueError):
         super().__init__(f"unknown {kind} config `{name}`; valid names: {names}")
 
 
+class InvalidConfigError(Cube3DError, ValueError):
+    """Sizes no decoder can have (heads that do not divide the width, an odd head dimension for RoPE)."""
+
+
 class CheckpointError(Cube3DError, ValueError):
     """A checkpoint whose parameter names or shapes differ from what the model expects."""
 

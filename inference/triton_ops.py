@@ -155,57 +155,60 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
 
 @triton.jit
 def _qk_rope_cache_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
-                          offset, M, S, D, s_row, s_head, s_pos, eps, HALF: tl.constexpr, S_PAD: tl.constexpr,
-                          PDL: tl.constexpr):
+                          offset, M, S, D, s_row, s_head, s_pos, eps, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                          S_PAD: tl.constexpr, PDL: tl.constexpr):
     # one program per (row, head): sum of the S split-K parts of [q k v] + bias, RMSNorm of q and k, RoPE on
-    # adjacent pairs, k and v into the cache
+    # adjacent pairs, k and v into the cache (pairs padded to a power of two, the padding masked)
     row = tl.program_id(0)
     head = tl.program_id(1)
     _wait_previous(PDL)
-    i = tl.arange(0, HALF)
+    i = tl.arange(0, HALF_PAD)
+    mi = i < HALF
     ev, od = 2 * i, 2 * i + 1
     pos = tl.load(pos_ptr)
     bb = b_ptr + head * 2 * HALF
     sp = tl.arange(0, S_PAD)
     base = qkv_ptr + (sp[:, None] * M + row) * 3 * D + head * 2 * HALF      # [S_PAD, 1]: every split at once
-    ms = sp[:, None] < S
+    ms = (sp[:, None] < S) & mi[None, :]
     qe = tl.sum(tl.load(base + ev[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
     qo = tl.sum(tl.load(base + od[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
     ke = tl.sum(tl.load(base + D + ev[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
     ko = tl.sum(tl.load(base + D + od[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
     ve = tl.sum(tl.load(base + 2 * D + ev[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
     vo = tl.sum(tl.load(base + 2 * D + od[None, :], mask=ms, other=0.0).to(tl.float32), axis=0)
-    qe += tl.load(bb + ev).to(tl.float32)
-    qo += tl.load(bb + od).to(tl.float32)
-    ke += tl.load(bb + D + ev).to(tl.float32)
-    ko += tl.load(bb + D + od).to(tl.float32)
-    ve += tl.load(bb + 2 * D + ev).to(tl.float32)
-    vo += tl.load(bb + 2 * D + od).to(tl.float32)
+    qe += tl.load(bb + ev, mask=mi, other=0.0).to(tl.float32)
+    qo += tl.load(bb + od, mask=mi, other=0.0).to(tl.float32)
+    ke += tl.load(bb + D + ev, mask=mi, other=0.0).to(tl.float32)
+    ko += tl.load(bb + D + od, mask=mi, other=0.0).to(tl.float32)
+    ve += tl.load(bb + 2 * D + ev, mask=mi, other=0.0).to(tl.float32)
+    vo += tl.load(bb + 2 * D + od, mask=mi, other=0.0).to(tl.float32)
     rq = 1.0 / tl.sqrt((tl.sum(qe * qe, axis=0) + tl.sum(qo * qo, axis=0)) / (2 * HALF) + eps)
     rk = 1.0 / tl.sqrt((tl.sum(ke * ke, axis=0) + tl.sum(ko * ko, axis=0)) / (2 * HALF) + eps)
-    qe = qe * rq * tl.load(qw_ptr + ev).to(tl.float32)
-    qo = qo * rq * tl.load(qw_ptr + od).to(tl.float32)
-    ke = ke * rk * tl.load(kw_ptr + ev).to(tl.float32)
-    ko = ko * rk * tl.load(kw_ptr + od).to(tl.float32)
-    c = tl.load(cos_ptr + pos * HALF + i)
-    s = tl.load(sin_ptr + pos * HALF + i)
+    qe = qe * rq * tl.load(qw_ptr + ev, mask=mi, other=0.0).to(tl.float32)
+    qo = qo * rq * tl.load(qw_ptr + od, mask=mi, other=0.0).to(tl.float32)
+    ke = ke * rk * tl.load(kw_ptr + ev, mask=mi, other=0.0).to(tl.float32)
+    ko = ko * rk * tl.load(kw_ptr + od, mask=mi, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + pos * HALF + i, mask=mi, other=0.0)
+    s = tl.load(sin_ptr + pos * HALF + i, mask=mi, other=0.0)
     out = q_ptr + (row * (D // (2 * HALF)) + head) * 2 * HALF
-    tl.store(out + ev, (qe * c - qo * s).to(q_ptr.dtype.element_ty))
-    tl.store(out + od, (qe * s + qo * c).to(q_ptr.dtype.element_ty))
+    tl.store(out + ev, (qe * c - qo * s).to(q_ptr.dtype.element_ty), mask=mi)
+    tl.store(out + od, (qe * s + qo * c).to(q_ptr.dtype.element_ty), mask=mi)
     dst = row * s_row + head * s_head + (offset + pos) * s_pos
-    tl.store(kc_ptr + dst + ev, (ke * c - ko * s).to(kc_ptr.dtype.element_ty))
-    tl.store(kc_ptr + dst + od, (ke * s + ko * c).to(kc_ptr.dtype.element_ty))
-    tl.store(vc_ptr + dst + ev, ve.to(vc_ptr.dtype.element_ty))
-    tl.store(vc_ptr + dst + od, vo.to(vc_ptr.dtype.element_ty))
+    tl.store(kc_ptr + dst + ev, (ke * c - ko * s).to(kc_ptr.dtype.element_ty), mask=mi)
+    tl.store(kc_ptr + dst + od, (ke * s + ko * c).to(kc_ptr.dtype.element_ty), mask=mi)
+    tl.store(vc_ptr + dst + ev, ve.to(vc_ptr.dtype.element_ty), mask=mi)
+    tl.store(vc_ptr + dst + od, vo.to(vc_ptr.dtype.element_ty), mask=mi)
 
 
 @triton.jit
-def _kv_block(kb, vb, n0, end, s_pos, d, BLOCK_N: tl.constexpr):
-    # keys and values of cache positions n0 .. n0 + BLOCK_N (masked at `end`), both loads in flight
+def _kv_block(kb, vb, n0, end, s_pos, d, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    # keys and values of cache positions n0 .. n0 + BLOCK_N (masked at `end`, and past the head dimension where
+    # it is padded to a power of two), both loads in flight
     n = n0 + tl.arange(0, BLOCK_N)
     mn = n < end
-    k = tl.load(kb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)
-    v = tl.load(vb + n[:, None] * s_pos + d[None, :], mask=mn[:, None], other=0.0)
+    mask = mn[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(kb + n[:, None] * s_pos + d[None, :], mask=mask, other=0.0)
+    v = tl.load(vb + n[:, None] * s_pos + d[None, :], mask=mask, other=0.0)
     return k, v, mn
 
 
@@ -221,13 +224,14 @@ def _softmax_block(k, v, mn, q, m_i, l_i, acc):
 
 
 @triton.jit
-def _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     # (max, sum, acc) of the online softmax over cache positions [start, end)
     m_i = tl.full([1], float("-inf"), tl.float32)
     l_i = tl.zeros([1], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    acc = tl.zeros([HEAD_PAD], tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        k, v, mn = _kv_block(kb, vb, n0, end, s_pos, d, BLOCK_N)
+        k, v, mn = _kv_block(kb, vb, n0, end, s_pos, d, HEAD_DIM, BLOCK_N)
         m_i, l_i, acc = _softmax_block(k, v, mn, q, m_i, l_i, acc)
     return m_i, l_i, acc
 
@@ -237,19 +241,20 @@ def _store_attention(out_ptr, part_ptr, bh, sp, n_splits, d, acc, m_i, l_i, HEAD
                      DIRECT: tl.constexpr):
     # one split's result: the output itself when there is one split, else (acc, max, sum) for the combine kernel
     one = tl.arange(0, 1)
+    md = d < HEAD_DIM
     if DIRECT:
-        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + bh * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty), mask=md)
     else:
         pb = part_ptr + (bh * n_splits + sp) * (HEAD_DIM + 2)
-        tl.store(pb + d, acc)
+        tl.store(pb + d, acc, mask=md)
         tl.store(pb + HEAD_DIM + one, m_i)
         tl.store(pb + HEAD_DIM + 1 + one, l_i)
 
 
 @triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, H, s_row, s_head, s_pos,
-                       split_len, n_splits, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DIRECT: tl.constexpr, PDL: tl.constexpr):
+                       split_len, n_splits, qk_scale, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+                       BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr):
     # program (row*head, split): online softmax over cache positions [split*len, min(next, filled)) only
     bh = tl.program_id(0)
     sp = tl.program_id(1)
@@ -258,20 +263,22 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, out_ptr, offset, 
     length = tl.load(pos_ptr) + offset + 1          # the position moves only between steps: safe before the wait
     start = sp * split_len
     end = tl.minimum(start + split_len, length)
-    d = tl.arange(0, HEAD_DIM)
+    d = tl.arange(0, HEAD_PAD)
     kb = k_ptr + row * s_row + head * s_head
     vb = v_ptr + row * s_row + head * s_head
     _wait_previous(PDL)
-    q = tl.load(q_ptr + bh * HEAD_DIM + d).to(tl.float32) * qk_scale          # log2 domain
-    m_i, l_i, acc = _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM, BLOCK_N)
+    q = tl.load(q_ptr + bh * HEAD_DIM + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32) * qk_scale  # log2 domain
+    m_i, l_i, acc = _attend_cached(kb, vb, q, start, end, s_pos, d, HEAD_DIM, HEAD_PAD, BLOCK_N)
     _store_attention(out_ptr, part_ptr, bh, sp, n_splits, d, acc, m_i, l_i, HEAD_DIM, DIRECT)
 
 
 @triton.jit
-def _head_consts(b_ptr, w_ptr, d):
-    # one head's bias and norm weight at d and at d ^ 1 (its RoPE partners), float32
-    return (tl.load(b_ptr + d).to(tl.float32), tl.load(b_ptr + (d ^ 1)).to(tl.float32),
-            tl.load(w_ptr + d).to(tl.float32), tl.load(w_ptr + (d ^ 1)).to(tl.float32))
+def _head_consts(b_ptr, w_ptr, d, md):
+    # one head's bias and norm weight at d and at d ^ 1 (its RoPE partners), float32; 0 where not `md`
+    return (tl.load(b_ptr + d, mask=md, other=0.0).to(tl.float32),
+            tl.load(b_ptr + (d ^ 1), mask=md, other=0.0).to(tl.float32),
+            tl.load(w_ptr + d, mask=md, other=0.0).to(tl.float32),
+            tl.load(w_ptr + (d ^ 1), mask=md, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -289,8 +296,8 @@ def _norm_rope(xa, xb, ba, bb, wa, wb, cos, sin, d, eps, HEAD_DIM: tl.constexpr)
 @triton.jit
 def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, part_ptr, out_ptr,
                      offset, M, S, D, H, s_row, s_head, s_pos, split_len, n_splits, eps, qk_scale,
-                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, S_PAD: tl.constexpr, DIRECT: tl.constexpr,
-                     EARLY: tl.constexpr, PDL: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, S_PAD: tl.constexpr,
+                     DIRECT: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     # program (row*head, split): q from the split-K parts of [q k v] (+ bias, RMSNorm, RoPE), then online softmax
     # over the cached positions of this split. The split holding the new token's slot also computes its k and v,
     # writes them to the cache and counts them in; no other program reads that slot. DIRECT: one split, the
@@ -306,22 +313,23 @@ def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, 
     start = sp * split_len
     end = tl.minimum(start + split_len, new)
     own = (new >= start) & (new < start + split_len)
-    d = tl.arange(0, HEAD_DIM)
+    d = tl.arange(0, HEAD_PAD)                      # padded to a power of two; lanes from HEAD_DIM on masked
+    md = d < HEAD_DIM
     kb = k_ptr + row * s_row + head * s_head
     vb = v_ptr + row * s_row + head * s_head
     if not EARLY:
         _wait_previous(PDL)
-    k0, v0, mn0 = _kv_block(kb, vb, start, end, s_pos, d, BLOCK_N)     # slots < new: written by earlier steps
-    cos = tl.load(cos_ptr + pos * (HEAD_DIM // 2) + d // 2)
-    sin = tl.load(sin_ptr + pos * (HEAD_DIM // 2) + d // 2)
-    bqa, bqb, wqa, wqb = _head_consts(b_ptr + head * HEAD_DIM, qw_ptr, d)
-    bka, bkb, wka, wkb = _head_consts(b_ptr + D + head * HEAD_DIM, kw_ptr, d)
-    bv = tl.load(b_ptr + 2 * D + head * HEAD_DIM + d).to(tl.float32)
+    k0, v0, mn0 = _kv_block(kb, vb, start, end, s_pos, d, HEAD_DIM, BLOCK_N)  # slots < new: earlier steps'
+    cos = tl.load(cos_ptr + pos * (HEAD_DIM // 2) + d // 2, mask=md, other=0.0)
+    sin = tl.load(sin_ptr + pos * (HEAD_DIM // 2) + d // 2, mask=md, other=0.0)
+    bqa, bqb, wqa, wqb = _head_consts(b_ptr + head * HEAD_DIM, qw_ptr, d, md)
+    bka, bkb, wka, wkb = _head_consts(b_ptr + D + head * HEAD_DIM, kw_ptr, d, md)
+    bv = tl.load(b_ptr + 2 * D + head * HEAD_DIM + d, mask=md, other=0.0).to(tl.float32)
     if EARLY:
         _wait_previous(PDL)
     sp_ = tl.arange(0, S_PAD)
     base = qkv_ptr + (sp_[:, None] * M + row) * 3 * D + head * HEAD_DIM       # [S_PAD, 1]: every split at once
-    ms = sp_[:, None] < S
+    ms = (sp_[:, None] < S) & md[None, :]
     mo = ms & own                                                             # k and v: the owning split only
     qa = tl.load(base + d[None, :], mask=ms, other=0.0)
     qb = tl.load(base + (d ^ 1)[None, :], mask=ms, other=0.0)
@@ -332,17 +340,17 @@ def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, 
     q = q.to(k_ptr.dtype.element_ty).to(tl.float32) * qk_scale                # as stored; log2 domain
     m_i = tl.full([1], float("-inf"), tl.float32)
     l_i = tl.zeros([1], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    acc = tl.zeros([HEAD_PAD], tl.float32)
     if start < end:
         m_i, l_i, acc = _softmax_block(k0, v0, mn0, q, m_i, l_i, acc)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):                          # splits longer than one block
-        k, v, mn = _kv_block(kb, vb, n0, end, s_pos, d, BLOCK_N)
+        k, v, mn = _kv_block(kb, vb, n0, end, s_pos, d, HEAD_DIM, BLOCK_N)
         m_i, l_i, acc = _softmax_block(k, v, mn, q, m_i, l_i, acc)
     if own:
         k_new = _norm_rope(ka, kp, bka, bkb, wka, wkb, cos, sin, d, eps, HEAD_DIM).to(k_ptr.dtype.element_ty)
         v_new = (tl.sum(va, axis=0) + bv).to(v_ptr.dtype.element_ty)
-        tl.store(kb + new * s_pos + d, k_new)
-        tl.store(vb + new * s_pos + d, v_new)
+        tl.store(kb + new * s_pos + d, k_new, mask=md)
+        tl.store(vb + new * s_pos + d, v_new, mask=md)
         sc = tl.sum(k_new.to(tl.float32) * q, axis=0)
         m_new = tl.maximum(m_i, sc)
         alpha = tl.exp2(m_i - m_new)
@@ -354,21 +362,22 @@ def _qkv_attn_kernel(qkv_ptr, b_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, 
 
 
 @triton.jit
-def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
-                         PDL: tl.constexpr):
+def _attn_combine_kernel(part_ptr, out_ptr, n_splits, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+                         SPLITS: tl.constexpr, PDL: tl.constexpr):
     # one program per row*head: merge the splits' (acc, max, sum) into the attention output
     bh = tl.program_id(0)
     _wait_previous(PDL)
     s = tl.arange(0, SPLITS)
     ms = s < n_splits
-    d = tl.arange(0, HEAD_DIM)
+    d = tl.arange(0, HEAD_PAD)
+    md = d < HEAD_DIM
     pb = part_ptr + bh * n_splits * (HEAD_DIM + 2) + s * (HEAD_DIM + 2)
     m = tl.load(pb + HEAD_DIM, mask=ms, other=float("-inf"))
     l = tl.load(pb + HEAD_DIM + 1, mask=ms, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))                                          # empty splits: weight 0
-    acc = tl.load(pb[:, None] + d[None, :], mask=ms[:, None], other=0.0)
+    acc = tl.load(pb[:, None] + d[None, :], mask=ms[:, None] & md[None, :], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(out_ptr + bh * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + bh * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=md)
 
 
 @triton.jit
@@ -382,6 +391,7 @@ def _lm_head_best_kernel(h_ptr, w_ptr, best_ptr, arg_ptr, scale_ptr, n_total_ptr
     # guidance weight is read first (EARLY: before the PDL wait; only the host and the step's end change it)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mc = cols < N                                   # the last block may pass the vocabulary's end: masked
     p = tl.arange(0, BLOCK_P)
     mp = p < P
     if not EARLY:
@@ -395,14 +405,15 @@ def _lm_head_best_kernel(h_ptr, w_ptr, best_ptr, arg_ptr, scale_ptr, n_total_ptr
     acc_u = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        w = tl.trans(tl.load(w_ptr + cols[:, None] * K + ks[None, :]))
-        xc = tl.load(h_ptr + p[:, None] * K + ks[None, :], mask=mp[:, None], other=0.0)
+        mk = ks < K
+        w = tl.trans(tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=mc[:, None] & mk[None, :], other=0.0))
+        xc = tl.load(h_ptr + p[:, None] * K + ks[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
         if IEEE:
             acc_c = tl.dot(xc, w, acc_c, input_precision="ieee")
         else:
             acc_c = tl.dot(xc, w, acc_c)
         if GUIDED:
-            xu = tl.load(h_ptr + (P + p)[:, None] * K + ks[None, :], mask=mp[:, None], other=0.0)
+            xu = tl.load(h_ptr + (P + p)[:, None] * K + ks[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
             if IEEE:
                 acc_u = tl.dot(xu, w, acc_u, input_precision="ieee")
             else:
@@ -411,6 +422,7 @@ def _lm_head_best_kernel(h_ptr, w_ptr, best_ptr, arg_ptr, scale_ptr, n_total_ptr
     if GUIDED:
         u = acc_u.to(h_ptr.dtype.element_ty).to(tl.float32)
         g = (1.0 + gamma).to(tl.float32) * g - gamma.to(tl.float32) * u
+    g = tl.where(mc[None, :], g, float("-inf"))
     best, arg = tl.max(g, axis=1, return_indices=True, return_indices_tie_break_left=True)
     n_blocks = tl.num_programs(0)
     tl.store(best_ptr + p * n_blocks + pid, best, mask=mp)
@@ -441,6 +453,10 @@ def _pick_kernel(best_ptr, arg_ptr, wte_ptr, ids_ptr, x_ptr, pos_ptr, ticket_ptr
     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == P - 1:       # ... and every other program too
         tl.store(pos_ptr, pos + 1)
         tl.store(ticket_ptr, 0)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 def _sm_count(device: torch.device) -> int:
@@ -581,8 +597,8 @@ class TritonOps:
         if cfg is not None and attn:
             cfg = (cfg[0], x.head_dim) + cfg[2:]          # one head per K block: the merge works head by head
         if (cfg is None or not self.gemv or m > 16 or n % cfg[0] or k % (cfg[1] * cfg[4])
-                or not (attn or x.is_contiguous())):
-            return None
+                or not (_power_of_two(cfg[0]) and _power_of_two(cfg[1])) or not (attn or x.is_contiguous())):
+            return None                                   # a shape the kernel's blocks do not tile
         block_n, block_k, warps, stages, splits = cfg
         dtype = x.dtype
         shape = (splits, m, n) if epilogue == PARTIAL else (m, n)
@@ -602,6 +618,7 @@ class TritonOps:
         out = torch.empty(a.rows, a.n_head * a.head_dim, dtype=a.dtype, device=a.parts.device)
         n_splits = a.parts.shape[1]
         _attn_combine_kernel[(a.rows * a.n_head,)](a.parts, out, n_splits, HEAD_DIM=a.head_dim,
+                                                  HEAD_PAD=triton.next_power_of_2(a.head_dim),
                                                   SPLITS=triton.next_power_of_2(n_splits), num_warps=4,
                                                   **self._pdl(out.device))
         return out
@@ -632,7 +649,8 @@ class TritonOps:
         _qk_rope_cache_kernel[(rows, n_head)](
             qkv, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, pos, q, kc, vc, lw.offset, rows, qkv.shape[0],
             n_head * head_dim, kc.stride(0), kc.stride(1), kc.stride(2), eps, HALF=head_dim // 2,
-            S_PAD=triton.next_power_of_2(qkv.shape[0]), num_warps=1, **self._pdl(q.device))
+            HALF_PAD=triton.next_power_of_2(head_dim // 2), S_PAD=triton.next_power_of_2(qkv.shape[0]), num_warps=1,
+            **self._pdl(q.device))
         return q
 
     def attention(self, q: Tensor, lw: LayerWeights, rows: int, pos: Tensor) -> AttnParts:
@@ -646,7 +664,8 @@ class TritonOps:
         qk_scale = (1.0 / math.sqrt(head_dim)) * math.log2(math.e)
         _attn_split_kernel[(rows * n_head, n_splits)](
             q, kc, vc, pos, part, part, lw.offset, n_head, kc.stride(0), kc.stride(1), kc.stride(2),
-            split_len, n_splits, qk_scale, HEAD_DIM=head_dim, BLOCK_N=block_n, DIRECT=False,
+            split_len, n_splits, qk_scale, HEAD_DIM=head_dim, HEAD_PAD=triton.next_power_of_2(head_dim),
+            BLOCK_N=block_n, DIRECT=False,
             num_warps=warps, num_stages=stages, **self._pdl(q.device))
         return AttnParts(part, rows, n_head, head_dim, q.dtype)
 
@@ -658,7 +677,7 @@ class TritonOps:
         h: [R, D] after the final LayerNorm; w: [V, D] lm_head rows of the shape codes; wte: [vocab, D]."""
         n, k = w.shape
         block_n, block_k, warps, stages = self.launch.lm_head_pick
-        n_blocks = n // block_n
+        n_blocks = triton.cdiv(n, block_n)
         if self._ticket is None or self._ticket.device != h.device:
             self._ticket = torch.zeros(1, dtype=torch.int32, device=h.device)
         best = torch.empty(prompts, n_blocks, dtype=torch.float32, device=h.device)
@@ -689,7 +708,8 @@ class TritonOps:
         _qkv_attn_kernel[(rows * n_head, n_splits)](
             qkv, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, pos, kc, vc, part, out, lw.offset, rows, qkv.shape[0],
             n_head * head_dim, n_head, kc.stride(0), kc.stride(1), kc.stride(2), split_len, n_splits, eps,
-            (1.0 / math.sqrt(head_dim)) * math.log2(math.e), HEAD_DIM=head_dim, BLOCK_N=block_n,
+            (1.0 / math.sqrt(head_dim)) * math.log2(math.e), HEAD_DIM=head_dim,
+            HEAD_PAD=triton.next_power_of_2(head_dim), BLOCK_N=block_n,
             S_PAD=triton.next_power_of_2(qkv.shape[0]), DIRECT=direct, EARLY=self.early, num_warps=warps,
             num_stages=stages, **self._pdl(qkv.device))
         return out if direct else AttnParts(part, rows, n_head, head_dim, kc.dtype)

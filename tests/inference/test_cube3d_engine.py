@@ -123,3 +123,23 @@ def test_fast_step_matches_eager_step_with_real_head_dim():
     sampled = engine.generate(cond, uncond, top_p=0.9, seed=3)
     engine.set_mode("eager")
     assert torch.equal(engine.generate(cond, uncond, top_p=0.9, seed=3), sampled)
+
+
+# (vocabulary, width, heads): a vocabulary under one lm_head block and off any block multiple, head sizes that
+# are no power of two (24, 40, 20), widths the skinny GEMM cannot tile (cuBLAS then)
+ODD_SHAPES = [(40, 96, 4), (48, 80, 2), (37, 160, 8)]
+
+
+@needs_cuda
+@torch.no_grad()
+@pytest.mark.parametrize("vocab, width, heads", ODD_SHAPES)
+def test_every_mode_takes_any_valid_shape_with_the_eager_ids(vocab, width, heads):
+    cfg = with_overrides(Cube3DConfig.from_name("tiny"), shape_model_vocab_size=vocab, n_embd=width, n_head=heads,
+                         n_generated=40)
+    engine = Engine(cfg, None, "cuda", torch.float32, mode="eager", batch_buckets=(1, 4), init_std=0.05)
+    cond, uncond = _prompts(engine, 4, seed=vocab)
+    eager = engine.generate(cond, uncond)
+    for mode in ("fast", "graph", "nocache"):
+        engine.set_mode(mode)
+        assert torch.equal(engine.generate(cond, uncond), eager), mode
+        assert torch.equal(engine.generate(cond[:1], uncond), eager[:1]), mode

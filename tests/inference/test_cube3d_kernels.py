@@ -88,8 +88,53 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_triton_kernels_match_torch_ops_in_the_interpreter():
+ODD_SHAPES = textwrap.dedent("""
+    import torch
+    from inference.config import Cube3DConfig, with_overrides
+    from inference.engine import Engine
+    from inference.ops import TorchOps
+    from inference.sampling import guide
+    from inference.triton_ops import TritonOps
+
+    torch.manual_seed(1)
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    # a vocabulary under one lm_head block and off any multiple of it; head sizes of no power of two (24, 40)
+    for vocab, width, heads in ((40, 96, 4), (48, 80, 2)):
+        cfg = with_overrides(Cube3DConfig.from_name("tiny"), shape_model_vocab_size=vocab, n_embd=width,
+                             n_head=heads)
+        m = Engine(cfg, None, mode="eager", batch_buckets=(1, 2), init_std=0.05).model
+        to, tr = TorchOps(), TritonOps()
+        tr.attn_block_n = 8                  # several splits: the combine step runs too
+        for lw in m.decode_layers():
+            lw.cache.k.normal_(); lw.cache.v.normal_()
+        caches = [(lw.cache.k.clone(), lw.cache.v.clone()) for lw in m.decode_layers()]
+
+        def reset():
+            for lw, (k, v) in zip(m.decode_layers(), caches):
+                lw.cache.k.copy_(k); lw.cache.v.copy_(v)
+
+        x = torch.randn(4, width)
+        ref = m.decode_step(x, torch.tensor([5]), to)
+        for fused_rows in (2, 4):            # q/k norm + RoPE apart (4 rows > 2) and inside the attention
+            tr.launch.fuse_qk_rows = fused_rows
+            reset()
+            assert rel(m.decode_step(x, torch.tensor([5]), tr), ref) < 1e-5, (vocab, width, heads, fused_rows)
+        w, wte = m.shape_head(), m.transformer.wte.weight
+        for prompts, guided in ((1, True), (2, False)):
+            h = torch.randn(prompts * (2 if guided else 1), width)
+            pos, n_total, scale = torch.tensor([3]), torch.tensor([12]), torch.tensor([3.0], dtype=torch.float64)
+            ids, x_next = torch.zeros(2, 12, dtype=torch.long), torch.zeros(4, width)
+            tr.lm_head_pick(h, w, wte, prompts, guided, scale, n_total, pos, ids, x_next)
+            want = guide(to.linear(h, w), prompts, guided, scale, torch.tensor([3]), n_total).argmax(-1)
+            assert torch.equal(ids[:prompts, 3], want) and torch.equal(x_next[:prompts], wte[want])
+    print("odd shapes ok")
+""")
+
+
+@pytest.mark.parametrize("script, done", [(SCRIPT, "kernels ok"), (ODD_SHAPES, "odd shapes ok")],
+                         ids=["kernels", "odd_shapes"])
+def test_triton_kernels_match_torch_ops_in_the_interpreter(script, done):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "kernels ok" in proc.stdout
+    assert done in proc.stdout

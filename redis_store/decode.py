@@ -1,8 +1,8 @@
 """Column decoders: the serialized ValueProtos of one feature over many rows, to Python values, fast.
 
 A request for 100 entities x 20 features decodes 2,000 values; one protobuf parse each would cost more than the
-Redis round trip. Each decoder here has a fast path built from `redis_layout`'s own encoders (the tag byte, the
-fixed width, a table of small integers) and falls back to `redis_layout.decode_value` for anything else, so the
+Redis round trip. Each decoder here has a fast path built from `layout`'s own encoders (the tag byte, the
+fixed width, a table of small integers) and falls back to `layout.decode_value` for anything else, so the
 byte layout stays defined in one module.
 """
 

@@ -152,7 +152,7 @@ def _entries(field: bytes, values: Encoded) -> tuple[pa.BinaryArray, np.ndarray]
 
 def restore_commands(key_bulks: pa.BinaryArray, fields: Sequence[bytes], values: Sequence[Encoded],
                      ttl_s: int = 0) -> pa.BinaryArray:
-    """One RESP `RESTORE key ttl payload` per row (keys given as `redis_columns.bulk(keys)`; `ttl_s` 0: none; no
+    """One RESP `RESTORE key ttl payload` per row (keys given as `columns.bulk(keys)`; `ttl_s` 0: none; no
     REPLACE) whose payload is the DUMP of the hash {fields[i]: values[i][row]}. Meaningful for `restorable` rows only
     (their entries all have one-byte headers and back lengths); the others are to be ignored."""
     rows = len(key_bulks)

@@ -14,19 +14,36 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("triton")
 
-SCRIPT = textwrap.dedent("""
+PRELUDE = textwrap.dedent("""
     import torch
-    from inference.engine import Engine
     from inference.ops import TorchOps
     from inference.sampling import guide
     from inference.triton_ops import TritonOps
+
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+    def check_pick(tr, w, wte, prompts, guided, at, prompt_rows):
+        # the fused lm_head pick: guidance + argmax + id + next embedding, the position advanced once
+        width = w.shape[1]
+        h = torch.randn(prompts * (2 if guided else 1), width)
+        pos, n_total, scale = torch.tensor([at]), torch.tensor([12]), torch.tensor([3.0], dtype=torch.float64)
+        ids, x_next = torch.zeros(prompt_rows, 12, dtype=torch.long), torch.zeros(2 * prompt_rows, width)
+        tr.lm_head_pick(h, w, wte, prompts, guided, scale, n_total, pos, ids, x_next)
+        want = guide(TorchOps().linear(h, w), prompts, guided, scale, torch.tensor([at]), n_total).argmax(-1)
+        assert torch.equal(ids[:prompts, at], want) and torch.equal(x_next[:prompts], wte[want])
+        assert torch.equal(x_next[prompts:2 * prompts], wte[want] if guided else torch.zeros(prompts, width))
+        assert pos.item() == at + 1 and tr._ticket.item() == 0
+""")
+
+SCRIPT = PRELUDE + textwrap.dedent("""
+    from inference.engine import Engine
 
     torch.manual_seed(0)
     engine = Engine("tiny", None, mode="eager", batch_buckets=(1, 2), init_std=0.05)
     m, cfg, rows = engine.model, engine.cfg, 4
     to, tr = TorchOps(), TritonOps()
     tr.attn_block_n = 8                  # several splits: the split + combine path runs too
-    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
     for lw in m.decode_layers():
         lw.cache.k.normal_(); lw.cache.v.normal_()
     d, f = cfg.n_embd, cfg.mlp_hidden
@@ -75,29 +92,17 @@ SCRIPT = textwrap.dedent("""
         lw.cache.k.copy_(k); lw.cache.v.copy_(v)
     assert rel(m.decode_step(x, torch.tensor([5]), tr), ref) < 1e-5
     w, wte = torch.randn(256, d) / d ** 0.5, torch.randn(300, d)           # four column blocks of the head
-    for prompts, guided in ((1, True), (4, True), (5, False)):            # guidance + argmax + id + embedding
-        h = torch.randn(prompts * (2 if guided else 1), d)
-        pos, n_total, scale = torch.tensor([7]), torch.tensor([12]), torch.tensor([3.0], dtype=torch.float64)
-        ids, x_next = torch.zeros(8, 12, dtype=torch.long), torch.zeros(16, d)
-        tr.lm_head_pick(h, w, wte, prompts, guided, scale, n_total, pos, ids, x_next)
-        want = guide(to.linear(h, w), prompts, guided, scale, torch.tensor([7]), n_total).argmax(-1)
-        assert torch.equal(ids[:prompts, 7], want) and torch.equal(x_next[:prompts], wte[want])
-        assert torch.equal(x_next[prompts:2 * prompts], wte[want] if guided else torch.zeros(prompts, d))
-        assert pos.item() == 8 and tr._ticket.item() == 0                  # advanced once, ticket reset
+    for prompts, guided in ((1, True), (4, True), (5, False)):
+        check_pick(tr, w, wte, prompts, guided, at=7, prompt_rows=8)
     print("kernels ok")
 """)
 
 
-ODD_SHAPES = textwrap.dedent("""
-    import torch
+ODD_SHAPES = PRELUDE + textwrap.dedent("""
     from inference.config import Cube3DConfig, with_overrides
     from inference.engine import Engine
-    from inference.ops import TorchOps
-    from inference.sampling import guide
-    from inference.triton_ops import TritonOps
 
     torch.manual_seed(1)
-    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
     # a vocabulary under one lm_head block and off any multiple of it; head sizes of no power of two (24, 40)
     for vocab, width, heads in ((40, 96, 4), (48, 80, 2)):
         cfg = with_overrides(Cube3DConfig.from_name("tiny"), shape_model_vocab_size=vocab, n_embd=width,
@@ -121,12 +126,7 @@ ODD_SHAPES = textwrap.dedent("""
             assert rel(m.decode_step(x, torch.tensor([5]), tr), ref) < 1e-5, (vocab, width, heads, fused_rows)
         w, wte = m.shape_head(), m.transformer.wte.weight
         for prompts, guided in ((1, True), (2, False)):
-            h = torch.randn(prompts * (2 if guided else 1), width)
-            pos, n_total, scale = torch.tensor([3]), torch.tensor([12]), torch.tensor([3.0], dtype=torch.float64)
-            ids, x_next = torch.zeros(2, 12, dtype=torch.long), torch.zeros(4, width)
-            tr.lm_head_pick(h, w, wte, prompts, guided, scale, n_total, pos, ids, x_next)
-            want = guide(to.linear(h, w), prompts, guided, scale, torch.tensor([3]), n_total).argmax(-1)
-            assert torch.equal(ids[:prompts, 3], want) and torch.equal(x_next[:prompts], wte[want])
+            check_pick(tr, w, wte, prompts, guided, at=3, prompt_rows=2)
     print("odd shapes ok")
 """)
 

@@ -32,7 +32,6 @@ from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
 from redis_store import columns, dump, layout
-from redis_store.node import SyncNode
 from redis_store.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -120,12 +119,8 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
     send; at most that many batches are in flight, so memory stays flat."""
     stats = MaterializeStats(view.name)
     started = time.perf_counter()
-    node = SyncNode(settings, settings.single_node("materialization (transactions over chunks of keys)"))
-    try:
-        limits = dump.listpack_limits(node)
-    finally:
-        node.close()
     writer = CheckedChunkWriter(settings)
+    limits = writer.listpack_limits
 
     def encode_and_send(batch: pa.RecordBatch) -> int:
         latest = latest_per_entity(batch, list(view.entity.join_keys))

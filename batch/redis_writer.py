@@ -34,10 +34,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.errors import FeaturectlError
-from redis_store import columns
+from redis_store import columns, dump
 from redis_store.dump import Encoded
 from redis_store.layout import decode_timestamp_ms
-from redis_store.node import Connection, unavailable
+from redis_store.node import Connection, SyncNode, unavailable
 from redis_store.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _UNWATCH = b"*1\r\n$7\r\nUNWATCH\r\n"
 _OK = b"+OK\r\n"
 ATTEMPTS = 20
-WRITE_TIMEOUT_S = 30.0  # a round trip carries a whole chunk's transaction
 CHECKED_ROWS = 64  # keys per WATCH: Redis compares each watched key with the connection's others
 PROBE_EVERY = 8  # batches between RESTORE attempts once most keys were found to exist
 
@@ -133,13 +132,22 @@ class CheckedChunkWriter:
         self._found_share = 0.0  # recent share of RESTOREs whose key already existed
         self._asked = 0
         self.address = settings.single_node("materialization (transactions over chunks of keys)")
-        self.settings = dataclasses.replace(settings, timeout_s=max(settings.timeout_s, WRITE_TIMEOUT_S), spin_s=0.0)
+        self.settings = settings.for_bulk_writes()
+        self.listpack_limits = self._listpack_limits()
         self._lock = threading.Lock()
         self._ended = threading.local()
         self._threads = [threading.Thread(target=self._run, name=f"redis-writer-{i}", daemon=True)
                          for i in range(connections)]
         for thread in self._threads:
             thread.start()
+
+    def _listpack_limits(self) -> Optional[tuple[int, int]]:
+        """The server's limits on the hashes RESTORE may create (`redis_store.dump.listpack_limits`)."""
+        node = SyncNode(self.settings, self.address)
+        try:
+            return dump.listpack_limits(node)
+        finally:
+            node.close()
 
     def wants_restores(self) -> bool:
         """Whether the next batch should come with RESTOREs: yes while most keys turn out new (a first

@@ -96,11 +96,6 @@ class Connection:
             reader.feed(data)
         return replies
 
-    def round_trip(self, parts: list, count: int) -> list:
-        """Send `parts` in one write (Redis wakes once per round trip, not once per part), read `count` replies."""
-        self.write(b"".join(parts))
-        return self.read(count)
-
     def read_expected(self, expected: bytes, count: int) -> Optional[list]:
         """The next `count` replies; None when their bytes are exactly `expected` (e.g. `count` times `+OK`), known
         without parsing one reply each."""

@@ -17,6 +17,7 @@ streaming sink) takes `RedisSettings`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import ssl
@@ -33,6 +34,7 @@ _RAW = {"username", "password", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"}  
 _KNOWN = {"db", "username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
           "ssl_check_hostname", "socket_timeout", "socket_connect_timeout", "skip_full_coverage_check"}
 AUTH_ERRORS = ("NOAUTH", "WRONGPASS", "NOPERM")
+BULK_WRITE_TIMEOUT_S = 30.0  # a bulk writer's round trip carries many blocks or a whole chunk's transaction
 
 
 def _value(name: str, text: str) -> Any:
@@ -90,6 +92,11 @@ class RedisSettings:
         store = config.raw.get("online_store") or {}
         return cls.parse(store.get("connection_string", "127.0.0.1:6379"), store.get("redis_type", "redis"),
                          timeout_s)
+
+    def for_bulk_writes(self) -> "RedisSettings":
+        """These settings for a writer that sends many commands per round trip (materialization, the streaming
+        sink): Redis may take seconds to run them all, and a reply that far off is not worth spinning for."""
+        return dataclasses.replace(self, timeout_s=max(self.timeout_s, BULK_WRITE_TIMEOUT_S), spin_s=0.0)
 
     def single_node(self, purpose: str) -> tuple[str, int]:
         """The one node of a non-cluster setup; a cluster is refused, saying so (`purpose`: who needs one)."""

@@ -9,7 +9,6 @@ at a later boundary, say). I/O goes through `redis_store.node`, the client every
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any, Optional, Sequence
@@ -26,7 +25,6 @@ from streaming.windows import ViewLayout
 log = logging.getLogger(__name__)
 
 RETRY_S = 60.0
-WRITE_TIMEOUT_S = 30.0  # a pipeline of many blocks: Redis runs the scripts one after another
 
 
 _FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
@@ -48,8 +46,7 @@ class RedisSink:
 
     def __init__(self, settings: RedisSettings, project: str, key_ttl_s: int = 0):
         address = settings.single_node("the streaming sink (one script per block of keys)")
-        self.node = SyncNode(dataclasses.replace(settings, timeout_s=max(settings.timeout_s, WRITE_TIMEOUT_S),
-                                                 spin_s=0.0), address)
+        self.node = SyncNode(settings.for_bulk_writes(), address)
         self.project = project
         self.key_ttl_s = key_ttl_s
         self._views: dict[str, tuple] = {}

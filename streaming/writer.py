@@ -66,7 +66,7 @@ class WindowWriter:
         self.coalesce_s = settings.coalesce_ms / 1000
         self._flushed = time.monotonic()
         self._clocks: list[int] = []
-        self._redis_run_id = self._run_id()
+        self._redis_run_id = self.sink.run_id()
         self._redis_checked = time.monotonic()
         self.views = {job.tiles_topic: _View(job, metrics) for job in plan.views}
         self.cutovers = dict(plan.cutovers)
@@ -140,14 +140,10 @@ class WindowWriter:
             self._count_dead_letters()
         return len(messages)
 
-    def _run_id(self) -> str | None:
-        """The Redis process's run id; None while it is away (the next check, or the sink's retries, see it back)."""
-        return self.sink.run_id()
-
     def _rewrite_if_redis_restarted(self) -> None:
         """Mark every entity for writing when Redis is another process than at the last check."""
         self._redis_checked = time.monotonic()
-        run_id = self._run_id()
+        run_id = self.sink.run_id()  # None while Redis is away: the next check, or the sink's retries, see it back
         if run_id is None:
             return
         if self._redis_run_id is not None and run_id != self._redis_run_id:

@@ -10,7 +10,6 @@ events in [cutover - longest window - tile, cutover), so a stream's windows star
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -21,6 +20,7 @@ import pyarrow.dataset as ds
 from batch.backfill_log import BackfillLog
 from batch.tile_export import TileJob, export_tiles
 from common.flink import create_table_env
+from common.instants import from_epoch_ms
 from dsl.compile_flink import CompiledView, source_path
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _utc(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return from_epoch_ms(ms).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 class ParquetHistory:
@@ -98,8 +98,7 @@ class ParquetHistory:
         backfills = BackfillLog(self.registry_url)
         try:
             for job in jobs:
-                start = dt.datetime.fromtimestamp(job.history_start_ms / 1000, dt.timezone.utc)
-                end = dt.datetime.fromtimestamp(job.end_ms / 1000, dt.timezone.utc)
+                start, end = from_epoch_ms(job.history_start_ms), from_epoch_ms(job.end_ms)
                 for lo, hi in backfills.gaps(self.project, job.view.name, start, end):
                     log.warning("view `%s`: no backfill covers %s to %s, before the stream's cutover; the stream "
                                 "starts from the Parquet history regardless, but training sets and materialize "

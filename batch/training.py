@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from batch.offline_table import read_range
 from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
+from dsl.duration import milliseconds
 from dsl.feature_view import FeatureView
 from dsl.repo import Repository
 
@@ -117,7 +118,7 @@ def as_of(view: FeatureView, features: list[str], entities: pa.Table, times: np.
     if missing:
         raise TrainingSetError(f"feature view `{view.name}` is keyed by {', '.join(keys)}; the entity rows lack "
                                f"{', '.join(missing)}")
-    tile, ttl = int(view.tile.total_seconds() * 1000), int(view.ttl.total_seconds() * 1000)
+    tile, ttl = milliseconds(view.tile), milliseconds(view.ttl)
     first, stop = int(times.min()) - ttl, int(times.max()) // tile * tile + 1
     path = offline_table_path(data_dir, view)
     try:

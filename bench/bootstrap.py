@@ -111,8 +111,11 @@ def command(ctx, entities: int, events: int, with_peer: bool) -> None:
     click.echo(f"from Parquet: {mine}")
     theirs = {}
     if with_peer:
-        lookback = DAY + MINUTE + 35_000  # the longest window, a tile and the lateness: what a stream reads back
-        theirs = peer(cfg, folder, table, lookback, end_ms)
+        from dsl.compile_flink import SourceSettings, compile_view
+        from feature_repo.features import asset_activity
+
+        compiled = compile_view(asset_activity, SourceSettings("", cfg.data_dir))
+        theirs = peer(cfg, folder, table, compiled.lookback_ms, end_ms)  # what a stream reads back
         click.echo(f"replayed from Kafka: {theirs}")
     params = {"entities": entities, "events": table.num_rows, "view": "asset_activity",
               "load_average": [round(x, 1) for x in psutil.getloadavg()]}

@@ -8,7 +8,16 @@ from common.errors import FeaturectlError
 
 
 class InstantError(FeaturectlError, ValueError):
-    """Text that is not a date or time."""
+    """Text that is not a date or time; `reason` says so without naming where the text came from."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"{name}: {reason}")
+        self.reason = reason
+
+
+def from_epoch_ms(ms: float) -> dt.datetime:
+    """An event time (ms since the epoch) as an aware datetime in UTC."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
 
 
 def parse_instant(text: str, name: str = "time") -> dt.datetime:
@@ -17,6 +26,6 @@ def parse_instant(text: str, name: str = "time") -> dt.datetime:
     try:
         value = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise InstantError(f"{name}: `{text}` is not a date or time: write e.g. 2026-01-01 or 2026-01-01T06:00 "
-                           "(UTC unless an offset is given)") from None
+        raise InstantError(name, f"`{text}` is not a date or time: write e.g. 2026-01-01 or 2026-01-01T06:00 "
+                                 "(UTC unless an offset is given)") from None
     return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 from dsl import aggregates, sql_functions
 from dsl.aggregates import Partial
 from dsl.compile_stream_source import KafkaRead, SourceRelation, create_table, lateness_ms, source_relation
-from dsl.duration import sql_interval
+from dsl.duration import milliseconds, sql_interval
 from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
 from dsl.features import Aggregation, Attribute
@@ -105,8 +105,10 @@ class CompiledView:
         return self.longest_tiles * self.tile_ms
 
     @property
-    def feature_names(self) -> list[str]:
-        return [w.name for w in self.windows]
+    def lookback_ms(self) -> int:
+        """How far behind the newest event an event can still count: the longest window, the tile in progress and
+        the source's lateness (what a stream reads back to fill its windows, what a tile topic must keep)."""
+        return self.longest_ms + self.tile_ms + self.lateness_ms
 
     def statements(self, mode: str) -> list[str]:
         """DDL then the query, for `streaming` or `batch`."""
@@ -210,7 +212,7 @@ def tile_start_sql(view: FeatureView) -> str:
 
 
 def tile_ms(view: FeatureView) -> int:
-    return int(view.tile.total_seconds() * 1000)
+    return milliseconds(view.tile)
 
 
 def tile_query(view: FeatureView, columns: list[tuple[TileColumn, str]]) -> str:
@@ -235,7 +237,7 @@ def compile_view(view: FeatureView, settings: SourceSettings, source_keys: Seque
         tile_columns=tile_columns,
         windows=window_specs(view, tile_columns),
         tile_ms=tile_ms(view),
-        ttl_ms=int(view.ttl.total_seconds() * 1000),
+        ttl_ms=milliseconds(view.ttl),
         lateness_ms=lateness_ms(view.source),
         streaming_source=source_relation(view.source, settings.kafka_read,
                                          source_keys or tuple(view.entity.join_keys),

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from dsl.duration import milliseconds
 from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
 from dsl.source import ROWTIME, EventSource
@@ -56,8 +57,6 @@ DEAD_LETTER_COLUMNS: tuple[tuple[str, str], ...] = (
     ("reason", "STRING"), ("source", "STRING"), ("kafka_partition", "INT"), ("kafka_offset", "BIGINT"),
     ("event_time", "BIGINT"), ("payload", "STRING"), ("payload_encoding", "STRING"),
 )
-
-
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def _sql_string(text: str) -> str:
 
 def lateness_ms(source: EventSource) -> int:
     """How far behind the partition's greatest event time an event may be and still count."""
-    return int((source.watermark_delay + source.allowed_lateness).total_seconds() * 1000)
+    return milliseconds(source.watermark_delay + source.allowed_lateness)
 
 
 def checked_view_ddl(source: EventSource, key_columns: Sequence[str]) -> str:

@@ -31,6 +31,11 @@ def format_duration(delta: timedelta) -> str:
     return f"{seconds}s"
 
 
+def milliseconds(delta: timedelta) -> int:
+    """A duration in whole milliseconds, the unit of event times everywhere below the DSL."""
+    return int(delta.total_seconds() * 1000)
+
+
 _SQL_UNITS = (("DAY", 86400), ("HOUR", 3600), ("MINUTE", 60), ("SECOND", 1))
 
 

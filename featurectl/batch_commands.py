@@ -10,6 +10,7 @@ import click
 from tqdm import tqdm
 
 from common.config import ProjectConfig
+from common.instants import from_epoch_ms
 from featurectl.params import INSTANT
 
 
@@ -87,8 +88,7 @@ def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
     """Warn when part of the span the rows look at was never backfilled (values there read as NULL)."""
     from batch.backfill_log import BackfillLog
 
-    first, last = (dt.datetime.fromtimestamp(int(t) / 1000, dt.timezone.utc) for t in (times_ms.min(),
-                                                                                         times_ms.max()))
+    first, last = from_epoch_ms(int(times_ms.min())), from_epoch_ms(int(times_ms.max()))
     backfill_log = BackfillLog(cfg.registry_url)
     try:
         for view in views:

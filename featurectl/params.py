@@ -19,9 +19,9 @@ class Instant(click.ParamType):
         if isinstance(value, dt.datetime):
             return value
         try:
-            return parse_instant(value, param.get_error_hint(ctx) if param is not None else "time")
-        except InstantError as exc:
-            self.fail(str(exc).split(": ", 1)[1], param, ctx)
+            return parse_instant(value)
+        except InstantError as exc:  # click names the option or argument itself
+            self.fail(exc.reason, param, ctx)
 
 
 INSTANT = Instant()

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from dsl.duration import milliseconds
 from dsl.types import ValueType
 from redis_store.layout import field_name, ts_field
 from serving.errors import RegistryError
@@ -71,7 +72,7 @@ def _view_spec(view: Any, versioning: bool) -> ViewSpec:
         join_keys.append((column.name, kind))
     features = {f.name: FeatureSpec(f.name, value_type(f.dtype), field_name(storage, f.name))
                 for f in view.features}
-    ttl_ms = int(view.ttl.total_seconds() * 1000) if view.ttl else None
+    ttl_ms = milliseconds(view.ttl) if view.ttl else None
     return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage))
 
 

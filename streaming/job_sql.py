@@ -150,17 +150,17 @@ def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[Fea
     unplaced = compiled_for("", {})  # the SQL without the job's consumer group and start position
     ttls = [state_ttl_ms(c, state_ttl_margin_ms) for c in unplaced]
     queries = [c.tile_query_with_state_ttl(t) for c, t in zip(unplaced, ttls)]
-    relations = [sql for _, r in _relations(views, unplaced).values() for sql in (*r.ddl, r.dead_letter_query)]
-    text = "\n".join([project, str(generation), *queries, *relations])
+    source_sql = [sql for _, r in _relations(views, unplaced).values() for sql in (*r.ddl, r.dead_letter_query)]
+    text = "\n".join([project, str(generation), *queries, *source_sql])
     fingerprint = hashlib.sha256(text.encode()).hexdigest()[:12]
     group_id = f"featurectl.{name}.{fingerprint}"
     compiled = compiled_for(group_id, startup)
     view_jobs = tuple(ViewJob(v, c, f"featurectl.{_slug(project)}.{v.name}.tiles-{fingerprint}", t)
                       for v, c, t in zip(views, compiled, ttls))
+    sources = _relations(views, compiled).values()
     source_jobs = tuple(SourceJob(source, relation, f"{source.kafka_topic}.dead-letters")
-                        for source, relation in _relations(views, compiled).values())
-    cutovers = {s.name: settings.cutovers[s.name] for s, _ in _relations(views, compiled).values()
-                if s.name in settings.cutovers}
+                        for source, relation in sources)
+    cutovers = {s.name: settings.cutovers[s.name] for s, _ in sources if s.name in settings.cutovers}
     return JobPlan(name, fingerprint, settings.bootstrap_servers, group_id, view_jobs, source_jobs,
                    compiled[0].function_ddl, cutovers)
 

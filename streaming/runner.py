@@ -9,7 +9,6 @@ point, the next run resumes from the newest checkpoint; with none, it starts a n
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import fcntl
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import Iterator, Optional, Sequence
 from confluent_kafka import KafkaException
 
 from common.errors import FeaturectlError
+from common.instants import from_epoch_ms
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_stream_source import MAX_AHEAD_MS
 from dsl.feature_view import FeatureView
@@ -68,7 +68,7 @@ def start_ms(target: Target, views: Sequence[FeatureView], generation: Generatio
     starts = []
     for view in views:
         compiled = compile_view(view, target.source_settings)
-        start = generation.started_ms - (compiled.longest_ms + compiled.tile_ms + compiled.lateness_ms)
+        start = generation.started_ms - compiled.lookback_ms
         cutover = generation.cutovers.get(view.source.name)
         starts.append(start if cutover is None else max(start, cutover - MAX_AHEAD_MS))
     return max(min(starts), 0)
@@ -123,7 +123,7 @@ def _iso(ms: Optional[float]) -> Optional[str]:
     if ms is None:
         return None
     try:
-        return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
+        return from_epoch_ms(ms).isoformat()
     except (ValueError, OverflowError, OSError):
         return f"{ms:.0f} ms since the epoch"
 

@@ -18,7 +18,7 @@ def tiles_retention_ms(plan: JobPlan, topic: str) -> int:
     """A tile stays useful while it is in some window: the longest window (or ttl), the tile and its lateness,
     plus an hour of slack. Compaction keeps the latest version of each (entity, tile) meanwhile."""
     compiled = next(v.compiled for v in plan.views if v.tiles_topic == topic)
-    return compiled.longest_ms + compiled.tile_ms + compiled.lateness_ms + HOUR_MS
+    return compiled.lookback_ms + HOUR_MS
 
 
 def ensure_topics(plan: JobPlan, timeout_s: float = 30.0) -> None:

@@ -11,9 +11,9 @@ previous kernel still runs and waits (`griddepcontrol.wait`) at its top, then le
 launch and the program setup overlap the previous kernel. The decode step is a chain of about 200 short kernels,
 and that latency, not the bytes, was much of the gap to the bandwidth floor. Every kernel waits before any memory
 access that a kernel of the step writes, so none overtakes one it depends on, directly or through the chain. Before
-the wait a kernel reads only what no kernel of the step writes (`Launch.early_loads`): the position, constants, and in the
-one-prompt attention the cached keys and values of earlier tokens, whose DRAM latency then overlaps the q/k/v GEMM
-(3% of the step on an H200). (Loading the first weight block, or prefetching the weights to L2, before the wait was
+the wait a kernel reads only what no kernel of the step writes (`Launch.early_loads`): the position, constants, and
+in the one-prompt attention the cached keys and values of earlier tokens, whose DRAM latency then overlaps the q/k/v
+GEMM (3% of the step on an H200). (Loading the first weight block, or prefetching the weights to L2, before the wait was
 measured slower.)
 
 Launch parameters and switches are one `Launch` value per `TritonOps` (the engine's), starting from what `bench
@@ -22,6 +22,7 @@ cube3d --tune` chose on an H200; tuning changes an engine's value, never this mo
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -459,7 +460,9 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _sm_count(device: torch.device) -> int:
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The device's multiprocessors, asked once per device (the launches of every step need it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return INTERPRETER_SMS
@@ -593,7 +596,7 @@ class TritonOps:
         """Launch the skinny GEMM; None when the shape does not fit it (the caller falls back to cuBLAS)."""
         attn = isinstance(x, AttnParts)
         m, k = (x.rows, x.n_head * x.head_dim) if attn else x.shape
-        cfg = self.launch.gemv_config(epilogue, m, n, k, _sm_count(w.device))
+        cfg = self.launch.gemv_config(epilogue, m, n, k, sm_count(w.device))
         if cfg is not None and attn:
             cfg = (cfg[0], x.head_dim) + cfg[2:]          # one head per K block: the merge works head by head
         if (cfg is None or not self.gemv or m > 16 or n % cfg[0] or k % (cfg[1] * cfg[4])
@@ -659,7 +662,7 @@ class TritonOps:
         n_head, cache_len, head_dim = kc.shape[1], kc.shape[2], kc.shape[3]
         block_n, warps, stages, waves = self.attn or self.launch.attn_config(rows)
         block_n = self.attn_block_n or block_n
-        split_len, n_splits = split_plan(rows * n_head, cache_len, _sm_count(q.device), block_n, waves)
+        split_len, n_splits = split_plan(rows * n_head, cache_len, sm_count(q.device), block_n, waves)
         part = torch.empty(rows * n_head, n_splits, head_dim + 2, dtype=torch.float32, device=q.device)
         qk_scale = (1.0 / math.sqrt(head_dim)) * math.log2(math.e)
         _attn_split_kernel[(rows * n_head, n_splits)](
@@ -701,7 +704,7 @@ class TritonOps:
         n_head, cache_len, head_dim = kc.shape[1], kc.shape[2], kc.shape[3]
         block_n, warps, stages, waves = self.attn or self.launch.attn_config(rows)
         block_n = self.attn_block_n or block_n
-        split_len, n_splits = split_plan(rows * n_head, cache_len, _sm_count(qkv.device), block_n, waves)
+        split_len, n_splits = split_plan(rows * n_head, cache_len, sm_count(qkv.device), block_n, waves)
         direct = n_splits == 1
         part = torch.empty(rows * n_head, n_splits, head_dim + 2, dtype=torch.float32, device=qkv.device)
         out = torch.empty(rows, n_head * head_dim, dtype=kc.dtype, device=qkv.device) if direct else part

@@ -1,8 +1,9 @@
 """Choose the fast path's launch parameters on the current GPU by timing whole decode steps in context.
 
-`featurectl bench cube3d --tune` runs this before measuring and leaves the choice on the engine (its `Launch`); the
-defaults in `inference.triton_ops` (H200_GEMV, H200_ATTN) hold what it chose on an H200. Isolated kernel timings were tried
-first and misled (a kernel that wins alone can lose inside the step), so only whole-step graph replays decide.
+`featurectl bench cube3d --tune` runs this before measuring and leaves the choice on the engine (its `Launch`);
+the defaults in `inference.triton_ops` (H200_GEMV, H200_ATTN) hold what it chose on an H200. Isolated kernel timings
+were tried first and misled (a kernel that wins alone can lose inside the step), so only whole-step graph replays
+decide.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _measure(engine, cond: Tensor, uncond: Tensor, setting: dict, positions: tup
 def tune_in_context(engine, cond: Tensor, uncond: Tensor, positions: tuple[int, ...] = (100, 300, 500)) -> dict:
     """Choose each factor's option by the whole step's time, separately for rows 2 and rows 16, then measure the
     combination; leaves the chosen launch on the engine and returns what was measured."""
-    base = _current(engine.cfg, engine.launch or T.Launch(), T._sm_count(engine.device))
+    base = _current(engine.cfg, engine.launch or T.Launch(), T.sm_count(engine.device))
     t_base = _measure(engine, cond, uncond, base, positions)
     report: dict = {"base": t_base}
     best = {name: {b: (t, base[name][b]) for b, t in zip(BUCKETS, t_base)} for name in FACTORS}

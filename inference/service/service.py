@@ -205,7 +205,8 @@ class GenerationService:
             log.exception("generation batch of %d failed", len(requests))
             for future in futures.values():
                 self.stats.count("failed")
-                future.set_exception(exc if isinstance(exc, Cube3DError) else GenerationServiceError(f"generation failed: {exc}"))
+                future.set_exception(exc if isinstance(exc, Cube3DError)
+                                     else GenerationServiceError(f"generation failed: {exc}"))
 
     def _finish(self, job: GridJob, done: "Future[MeshOutput]", future: Future) -> None:
         exc = done.exception()

@@ -149,7 +149,7 @@ class FeatureView:
         missing = [n for n in names if n not in self.feature_names]
         if missing:
             raise UnknownReferenceError(f"feature view `{self.name}`", f"has no feature {', '.join(missing)}",
-                                      f"pick from: {', '.join(self.feature_names)}")
+                                        f"pick from: {', '.join(self.feature_names)}")
         return FeatureRef(self.name, tuple(names))
 
 
@@ -184,6 +184,6 @@ class FeatureService:
                 out.append(FeatureRef(view, (feature,)))
             else:
                 raise UnknownReferenceError(f"feature service `{self.name}`", f"entry {entry!r} is not a feature",
-                                          "write a view, view[[\"feature\"]] or \"view:feature\"")
+                                            "write a view, view[[\"feature\"]] or \"view:feature\"")
         return out
 

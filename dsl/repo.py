@@ -62,14 +62,14 @@ class Repository:
             if view.name == name:
                 return view
         raise UnknownReferenceError(f"feature view `{name}`", "is not defined",
-                                  f"defined views: {', '.join(v.name for v in self.views) or 'none'}")
+                                    f"defined views: {', '.join(v.name for v in self.views) or 'none'}")
 
     def service(self, name: str) -> FeatureService:
         for service in self.services:
             if service.name == name:
                 return service
         raise UnknownReferenceError(f"feature service `{name}`", "is not defined",
-                                  f"defined services: {', '.join(s.name for s in self.services) or 'none'}")
+                                    f"defined services: {', '.join(s.name for s in self.services) or 'none'}")
 
     def resolve_service(self, service: FeatureService) -> list[FeatureRef]:
         """The service's features grouped per view, every name checked against the repo."""
@@ -79,11 +79,11 @@ class Repository:
             known = {v.name: v for v in self.views}
             if ref.view not in known:
                 raise UnknownReferenceError(where, f"names unknown feature view `{ref.view}`",
-                                          f"defined views: {', '.join(known) or 'none'}")
+                                            f"defined views: {', '.join(known) or 'none'}")
             missing = [f for f in ref.features if f not in known[ref.view].feature_names]
             if missing:
                 raise UnknownReferenceError(where, f"names unknown feature `{ref.view}:{missing[0]}`",
-                                          f"`{ref.view}` has: {', '.join(known[ref.view].feature_names)}")
+                                            f"`{ref.view}` has: {', '.join(known[ref.view].feature_names)}")
         return refs
 
 

@@ -15,7 +15,6 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
     from dsl import load_repo
     from dsl.compile_feast import offline_table_path
     from feast import FeatureStore
-
     from redis_store.settings import RedisSettings
 
     cfg = ctx.config()

@@ -55,7 +55,7 @@ class KafkaBroker(LocalService):
         _, _, port = first.rpartition(":")
         if not port.isdigit():
             raise LocalServiceError(f"platform.kafka.bootstrap_servers `{kafka.bootstrap_servers}` is not host:port, "
-                               f"e.g. 127.0.0.1:19092")
+                                    f"e.g. 127.0.0.1:19092")
         return [int(port), kafka.controller_port]
 
     def check_installed(self) -> None:
@@ -102,7 +102,7 @@ class KafkaBroker(LocalService):
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             raise LocalServiceError(f"formatting Kafka storage in {self.data_dir} failed (exit {done.returncode}):\n"
-                               f"{done.stdout}{done.stderr}")
+                                    f"{done.stdout}{done.stderr}")
 
     def start(self) -> subprocess.Popen:
         self.props_file.write_text(self.server_properties())

@@ -29,7 +29,7 @@ def server_bin_dir() -> Path:
                         key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.parent.name)] or [0])
     if not candidates:
         raise LocalServiceError("PostgreSQL server programs (initdb, pg_ctl) not found on PATH nor in "
-                           "/usr/lib/postgresql/*/bin: run scripts/setup.sh")
+                                "/usr/lib/postgresql/*/bin: run scripts/setup.sh")
     return candidates[-1].parent
 
 
@@ -65,7 +65,7 @@ class PostgresServer(LocalService):
                 pwd.getpwnam(SYSTEM_USER)
             except KeyError:
                 raise LocalServiceError(f"running as root, PostgreSQL must run as the `{SYSTEM_USER}` system user, "
-                                   f"which does not exist: run scripts/setup.sh (it installs postgresql)") from None
+                                        "which does not exist: run scripts/setup.sh (it installs postgresql)") from None
 
     def run_as_owner(self, argv: list[str], what: str) -> None:
         """Run a server command as the data folder's owner; fail with its output."""
@@ -74,7 +74,7 @@ class PostgresServer(LocalService):
         done = subprocess.run(argv, capture_output=True, text=True, start_new_session=True)
         if done.returncode != 0:
             raise LocalServiceError(f"{what} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}\n"
-                               f"last lines of {self.log_file}:\n{log_tail(self.log_file)}")
+                                    f"last lines of {self.log_file}:\n{log_tail(self.log_file)}")
 
     def prepare_dirs(self) -> None:
         self.socket_dir.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,7 @@ def wait_until(ready: Callable[[], bool], alive: Callable[[], bool], timeout_s: 
             raise LocalServiceError(f"{what} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}")
         time.sleep(0.3)
     raise LocalServiceError(f"{what} did not answer within {timeout_s:.0f} s; last lines of {log_file}:\n"
-                       f"{log_tail(log_file)}")
+                            f"{log_tail(log_file)}")
 
 
 def stop_pid(pid: int, marker: str, sig: int, timeout_s: float) -> bool:

@@ -51,6 +51,22 @@ class AuthSettings(BaseModel):
                                                      "and flushes of usage to the registry database")
 
 
+class HttpSettings(BaseModel):
+    """Limits of both HTTP servers (`serve`, `generate-server`): each refusal is a JSON error and closes the
+    connection. They bound what one client can make a server hold or parse before any of its work is done."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_url_bytes: int = Field(8192, ge=256, description="longest request target (path and query); else 414")
+    max_header_bytes: int = Field(16384, ge=1024, description="all header names and values of one request; else 431")
+    max_headers: int = Field(100, ge=8, description="header lines in one request; else 431")
+    request_timeout_s: float = Field(10.0, gt=0, description="from a request's first byte to its last; else 408. "
+                                                             "Also how long an answer may wait for the client "
+                                                             "to read it before the connection is dropped")
+    keep_alive_s: float = Field(30.0, gt=0, description="an idle keep-alive connection is closed after this")
+    max_pipelined: int = Field(32, ge=1, description="requests read ahead of their answers on one connection; "
+                                                     "past it the server stops reading until it has answered")
+
+
 class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state_dir: str = "../.featurectl"
@@ -59,6 +75,7 @@ class PlatformSettings(BaseModel):
     postgres: PostgresSettings = PostgresSettings()
     flink: FlinkSettings = FlinkSettings()
     auth: AuthSettings = AuthSettings()
+    http: HttpSettings = HttpSettings()
 
 
 class ProjectConfig:

@@ -21,7 +21,7 @@ from typing import Optional
 
 import sqlalchemy as sa
 
-from common.errors import FeaturectlError
+from common.errors import FeaturectlError, shown
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,22 @@ class ApiKey:
         return "*" in self.services or (service is not None and service in self.services)
 
 
+MAX_BUDGET = 2**31 - 1  # the budget columns are 32-bit integers in both registry databases
+
+
+def check_grants(services: list[str]) -> None:
+    """Each grant is one feature service name, or `*` alone: services are stored comma-separated, so a name with a
+    comma would read back as several grants (`"a,*"` as `*`)."""
+    if not services:
+        raise ApiKeyError("a key needs at least one feature service (`--service NAME`, or `--service '*'` for all)")
+    for service in services:
+        if not service.strip() or "," in service or service != service.strip():
+            raise ApiKeyError(f"`--service {shown(service)}` is not a feature service name: give one name per "
+                              "--service (repeat it for several), without commas or surrounding spaces")
+    if "*" in services and len(services) > 1:
+        raise ApiKeyError("`*` already grants every feature service: give `--service '*'` alone, or only names")
+
+
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -85,10 +101,10 @@ class KeyStore:
     def create(self, name: str, services: list[str], requests_per_minute: int,
                tokens_per_minute: int) -> tuple[ApiKey, str]:
         """A new key; the plaintext is returned once and never stored."""
-        if requests_per_minute <= 0 or tokens_per_minute <= 0:
-            raise ApiKeyError("budgets must be positive: pass --requests-per-minute N and --tokens-per-minute N")
-        if not services:
-            raise ApiKeyError("a key needs at least one feature service (or `*` for all)")
+        if not (0 < requests_per_minute <= MAX_BUDGET and 0 < tokens_per_minute <= MAX_BUDGET):
+            raise ApiKeyError(f"budgets must be whole numbers in [1, {MAX_BUDGET}]: pass --requests-per-minute N "
+                              "and --tokens-per-minute N")
+        check_grants(services)
         key_id = secrets.token_hex(4)
         token = f"fk_{key_id}_{secrets.token_urlsafe(24)}"
         now = dt.datetime.now(dt.timezone.utc)

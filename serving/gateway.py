@@ -2,8 +2,9 @@
 
 Both servers call it the same way: `identify` the presented key before reading the request, then `admit` the
 request once its feature service and cost are known. Everything happens in memory (keys cached and refreshed by
-`Authenticator`, budgets in `TokenBuckets`), so the check costs a SHA-256 and two locks, never a database
-round trip. A presented key is never logged nor echoed in a reply.
+`Authenticator`, budgets in `TokenBuckets`, shared by a server's worker processes through a mapped file), so the
+check costs a SHA-256 and two locks, never a database round trip. A presented key is never logged nor echoed in a
+reply.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from serving.api_keys import ApiKey, Authenticator, KeyStore
-from serving.throttle import TokenBuckets
+from serving.throttle import SharedTokenBuckets, TokenBuckets
 
 REQUESTS, TOKENS = "requests", "tokens"
 _HOW = ("send it as `Authorization: Bearer <key>` or `X-API-Key: <key>`; "
@@ -57,21 +58,18 @@ def key_from_headers(headers) -> Optional[str]:
 
 
 class Gateway:
-    """Keys, grants and per-minute budgets for one server process.
+    """Keys, grants and per-minute budgets for one server process."""
 
-    `share` is this process's part of each budget: with N worker processes behind one port each admits 1/N of it,
-    so the whole server keeps to the key's budget.
-    """
-
-    def __init__(self, authenticator: Authenticator, share: float = 1.0, buckets: Optional[TokenBuckets] = None):
+    def __init__(self, authenticator: Authenticator, buckets: Optional[TokenBuckets] = None):
         self.authenticator = authenticator
-        self.share = share
         self.buckets = buckets or TokenBuckets()
 
     @classmethod
-    def open(cls, registry_url: str, refresh_s: float = 10.0, share: float = 1.0) -> "Gateway":
-        """A gateway over the keys in the registry database (tables created on first use)."""
-        return cls(Authenticator(KeyStore(registry_url), refresh_s), share)
+    def open(cls, registry_url: str, refresh_s: float = 10.0, buckets_path: Optional[str] = None) -> "Gateway":
+        """A gateway over the keys in the registry database (tables created on first use); `buckets_path`: the
+        file the worker processes of one server share their budgets in (None: one process)."""
+        buckets = SharedTokenBuckets(buckets_path) if buckets_path else TokenBuckets()
+        return cls(Authenticator(KeyStore(registry_url), refresh_s), buckets)
 
     def identify(self, token: Optional[str]) -> Union[ApiKey, Refusal]:
         """The key presented with a request, or a 401 refusal (missing, unknown, revoked)."""
@@ -91,6 +89,12 @@ class Gateway:
             return Refusal(403, "forbidden", f"key `{key.key_id}` has no access to {what}; it may read "
                                              f"{', '.join(key.services)}. Create a key with `--service` for it")
         budget = self._budget(key, kind)
+        if cost > budget:  # it would wait for ever: not a 429 with a Retry-After
+            self.authenticator.count(key, rejected=1)
+            unit = "generated shape tokens" if kind == TOKENS else "requests"
+            return Refusal(403, "over_key_limit", f"this request costs {cost} {unit}, more than key `{key.key_id}` "
+                                                  f"may spend in a minute ({budget:g}); create a key with a larger "
+                                                  f"--{kind}-per-minute")
         allowed, retry_after = self.buckets.take(key.key_id, kind, cost, budget)
         if not allowed:
             self.authenticator.count(key, rejected=1)
@@ -103,19 +107,17 @@ class Gateway:
         self.buckets.give_back(key.key_id, kind, cost, self._budget(key, kind))
         self.authenticator.count(key, requests=-1, tokens=-cost if kind == TOKENS else 0)
 
-    def _budget(self, key: ApiKey, kind: str) -> float:
-        per_minute = key.tokens_per_minute if kind == TOKENS else key.requests_per_minute
-        return max(per_minute * self.share, 1.0)
+    @staticmethod
+    def _budget(key: ApiKey, kind: str) -> float:
+        return float(key.tokens_per_minute if kind == TOKENS else key.requests_per_minute)
 
     def _over(self, key: ApiKey, kind: str, cost: int, retry_after: int) -> str:
-        per_minute = key.tokens_per_minute if kind == TOKENS else key.requests_per_minute
         unit = "generated shape tokens" if kind == TOKENS else "requests"
-        if cost > self._budget(key, kind):
-            return (f"this request costs {cost} {unit}, more than key `{key.key_id}` may spend in a minute "
-                    f"({per_minute}); create a key with a larger --{kind}-per-minute")
-        return (f"key `{key.key_id}` is over its budget of {per_minute} {unit} per minute; retry in "
+        return (f"key `{key.key_id}` is over its budget of {self._budget(key, kind):g} {unit} per minute; retry in "
                 f"{retry_after} s (Retry-After)")
 
     def close(self) -> None:
         """Stop the key refresh and write the usage counted so far."""
         self.authenticator.close()
+        if isinstance(self.buckets, SharedTokenBuckets):
+            self.buckets.close()

@@ -16,11 +16,13 @@ from typing import Any, Awaitable, Callable, Optional
 
 import orjson
 
+from common.config import HttpSettings
 from redis_store.errors import RedisStoreError, RedisUnavailableError
-from serving.asgi_body import read_body
+from serving.asgi import answer_http
 from serving.client import AsyncOnlineClient
 from serving.errors import RequestError, ServingError, UnknownServiceError
-from serving.gateway import REQUESTS, Gateway, Refusal, key_from_headers
+from serving.gateway import REQUESTS, Gateway, Refusal
+from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
 from serving.stats import ServerStats
@@ -48,21 +50,20 @@ class TooLarge(BadRequest):
 
 
 def _error(status: int, exc: Exception, code: Optional[str] = None) -> Reply:
-    return status, orjson.dumps({"error": str(exc), "code": code or getattr(exc, "code", "error")}), JSON
+    return status, error_json(str(exc), code or getattr(exc, "code", "error")), JSON
 
 
 def _refused(refusal: Refusal) -> tuple[int, bytes, bytes, Optional[str], Any]:
     """A gateway refusal (401/403/429) as `get_online_features` answers it; no service label."""
-    return refusal.status, orjson.dumps({"error": refusal.message, "code": refusal.code}), JSON, None, \
-        refusal.headers
+    return refusal.status, error_json(refusal.message, refusal.code), JSON, None, refusal.headers
 
 
 def parse_request(body: bytes) -> tuple[Any, dict, bool]:
     """(features or service name, entities, full_feature_names) from Feast's request body."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedJSON(f"malformed JSON body: {exc}") from None
+        data = load_json(body)
+    except JsonBodyError as exc:
+        raise MalformedJSON(str(exc)) from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object with `features` (or `feature_service`) and `entities`")
     features, service = data.get("features"), data.get("feature_service")
@@ -88,24 +89,21 @@ def parse_request(body: bytes) -> tuple[Any, dict, bool]:
     return features, entities, full
 
 
-async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
-    body = await read_body(receive, MAX_BODY_BYTES,
-                           TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request"))
-    return b"" if body is None else body  # None: the client went away, nobody is left to read the answer
-
-
 class FeatureServer:
     """One per worker process; `make_client` runs at startup (it reads the registry).
 
     `respond(method, path, body)` is the whole server: routing, parsing, serving, timing. The HTTP connection
-    code (`serving.http_protocol`) calls it directly; `__call__` is the ASGI face, used for lifespan events and by
-    any other ASGI server.
+    code (`serving.http_protocol`) calls it directly, under the limits of `http` and `max_body_bytes`; `__call__`
+    is the ASGI face, used for lifespan events and by any other ASGI server.
     """
+
+    max_body_bytes = MAX_BODY_BYTES
 
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
-                 on_started: Optional[Callable[[], None]] = None):
+                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None):
         """`on_started` runs once the client and gateway are up (the entry point freezes the heap there)."""
+        self.http = http or HttpSettings()
         self.make_client = make_client
         self.make_gateway = make_gateway  # None: no API keys asked (the local demo); else checked per request
         self.on_started = on_started
@@ -124,15 +122,7 @@ class FeatureServer:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            try:
-                body: Optional[bytes] = await _read_body(receive) if scope["method"] == "POST" else b""
-            except TooLarge:
-                body = None
-            status, payload, kind, headers = await self.respond(scope["method"], scope["path"], body,
-                                                                key_from_headers(scope.get("headers", ())))
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload)), *headers]})
-            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
+            await answer_http(self, scope, receive, send)
 
     async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None) -> Answer:
         """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms."""
@@ -149,6 +139,7 @@ class FeatureServer:
             elif method != route[0] and not (route[0] == "GET" and method == "HEAD"):
                 status, payload, kind = _error(405, RequestError(f"{path} takes {route[0]}, not {method}"),
                                                "method_not_allowed")
+                headers = ((b"allow", b"GET, HEAD" if route[0] == "GET" else route[0].encode()),)
             elif path == FEATURES_PATH:
                 status, payload, kind, service, headers = await self.get_online_features(body, api_key)
             else:

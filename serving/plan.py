@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Callable, Optional, Sequence
 
+from common.errors import shown
 from dsl.types import ValueType
 from redis_store.decode import ColumnDecoder, column_decoder
 from redis_store.layout import KeyEncoder
@@ -80,7 +81,7 @@ class Plan:
 
 def _parse_ref(ref: str, catalog: Catalog) -> tuple[ViewSpec, str]:
     if not isinstance(ref, str) or ":" not in ref:
-        raise UnknownFeatureError(f"feature reference {ref!r} is not of the form `view:feature`, "
+        raise UnknownFeatureError(f"feature reference {shown(ref)} is not of the form `view:feature`, "
                                   f"e.g. `asset_activity:views_1h`")
     view_name, feature = ref.split(":", 1)
     view = catalog.views.get(view_name)

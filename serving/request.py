@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from common.errors import shown
 from dsl.types import ValueType
 from serving.errors import EntityError
 from serving.plan import Plan
@@ -53,7 +54,7 @@ def _check_values(key: str, kind: ValueType, values: list) -> None:
         value = values[bad]
         out_of_range = kind is not ValueType.STRING and type(value) is int
         raise EntityError(f"entity `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
-                          f"{value!r}" + (" (out of range)" if out_of_range else ""))
+                          f"{shown(value)}" + (" (out of range)" if out_of_range else ""))
 
 
 def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType]) -> tuple[dict[str, list], int]:

@@ -28,8 +28,8 @@ ENV_SETTINGS = "FEATURECTL_SERVE_SETTINGS"
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
-    """What every worker needs: the repo, how long to wait on Redis, where to share its stats, and, with API keys
-    required, how often to reload them and how many workers share each key's budget."""
+    """What every worker needs: the repo, how long to wait on Redis, where to share its stats and key budgets
+    (several workers), and, with API keys required, how often to reload the keys."""
 
     repo: str
     registry: Optional[str] = None
@@ -65,21 +65,22 @@ def _freeze_heap() -> None:
 
 def create_app() -> FeatureServer:
     """The app of one worker (uvicorn's factory)."""
+    from common.config import load_config
+
     _without_torch()
     settings = WorkerSettings.from_env()
+    config = load_config(settings.repo, settings.registry)
 
     def make_client() -> AsyncOnlineClient:
         return AsyncOnlineClient.from_repo(settings.repo, registry=settings.registry, timeout_s=settings.timeout_s)
 
     def make_gateway() -> Gateway:
-        from common.config import load_config
-
-        registry_url = load_config(settings.repo, settings.registry).registry_url
-        return Gateway.open(registry_url, settings.auth_refresh_s, 1 / settings.workers)  # a part of each budget
+        buckets = str(Path(settings.stats_dir) / "budgets") if settings.stats_dir else None  # shared by workers
+        return Gateway.open(config.registry_url, settings.auth_refresh_s, buckets)
 
     stats = ServerStats(Path(settings.stats_dir) if settings.stats_dir else None)
     return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,
-                         on_started=_freeze_heap)
+                         on_started=_freeze_heap, http=config.platform.http)
 
 
 def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: int = 6566, workers: int = 1,
@@ -105,8 +106,8 @@ def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: in
     os.environ[ENV_SETTINGS] = settings.to_env()
     try:
         uvicorn.run("serving.server:create_app", factory=True, host=host, port=port, workers=workers,
-                    loop="uvloop", http="serving.http_protocol:FeatureHttpProtocol", lifespan="on",
-                    access_log=False, log_level="info", timeout_keep_alive=30, proxy_headers=False)
+                    loop="uvloop", http="serving.http_protocol:HttpProtocol", lifespan="on",
+                    access_log=False, log_level="info", proxy_headers=False)
     finally:
         os.environ.pop(ENV_SETTINGS, None)
         if stats_dir:

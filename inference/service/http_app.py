@@ -15,7 +15,10 @@
 - With API keys on (`serving.gateway`): `POST /generate` and `GET /jobs/{id}` need a key (401), the key must be
   granted the conditioning feature service (403), and each mesh spends the model's fixed count of generated shape
   tokens (512 for v0.1) from the key's per-minute budget, charged when the request is accepted and given back
-  if the queue refuses it (429 with `Retry-After`). A job is visible only to the key that submitted it.
+  if the queue refuses it (429 with `Retry-After`) or the generation fails. A job is visible only to the key that
+  submitted it.
+- Connections are `serving.http_protocol`'s, as the feature server's: the same limits (414, 431, 408, 413 past
+  `MAX_BODY_BYTES`), flow control and timeouts, from `platform.http`.
 """
 
 from __future__ import annotations
@@ -25,17 +28,19 @@ import collections
 import logging
 import time
 from concurrent.futures import Future
-from typing import Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 import orjson
 
+from common.config import HttpSettings
 from inference.errors import Cube3DError, MeshError
 from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
 from inference.service.service import BadRequestError, GenerationService, JobExpiredError, GenerationServiceError
 from serving.api_keys import ApiKey
-from serving.asgi_body import read_body
-from serving.gateway import TOKENS, Gateway, Refusal, key_from_headers
+from serving.asgi import answer_http
+from serving.gateway import TOKENS, Gateway, Refusal
+from serving.json_body import JsonBodyError, error_json, load_json
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,7 @@ Reply = tuple[int, bytes, bytes, list]  # status, body, content type, extra head
 
 
 def _error(status: int, message: str, code: str, headers: Optional[list] = None) -> Reply:
-    return status, orjson.dumps({"error": message, "code": code}), JSON, headers or []
+    return status, error_json(message, code), JSON, headers or []
 
 
 def _failure(exc: BaseException) -> Reply:
@@ -91,9 +96,9 @@ def _mesh(result: GenerationResult) -> Reply:
 def parse_body(body: bytes) -> tuple[GenerationRequest, bool]:
     """The request and whether the caller wants a job id instead of waiting for the mesh."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"malformed JSON body: {exc}") from None
+        data = load_json(body)
+    except JsonBodyError as exc:
+        raise BadRequestError(str(exc)) from None
     if not isinstance(data, dict):
         raise BadRequestError('the body must be a JSON object such as {"prompt": "a wooden chair"}')
     known = {"prompt", "asset_id", "seed", "top_p", "timeout_s", "async"}
@@ -110,10 +115,14 @@ def parse_body(body: bytes) -> tuple[GenerationRequest, bool]:
 
 
 class GenerationApp:
-    """ASGI app; `make_service` runs at start-up in a thread (it loads the models and warms them up)."""
+    """The app (`respond`, as `serving.http_protocol` calls it, and an ASGI face); `make_service` runs at start-up
+    in a thread (it loads the models and warms them up)."""
+
+    max_body_bytes = MAX_BODY_BYTES
 
     def __init__(self, make_service: Callable[[], GenerationService],
-                 make_gateway: Optional[Callable[[], Gateway]] = None):
+                 make_gateway: Optional[Callable[[], Gateway]] = None, http: Optional[HttpSettings] = None):
+        self.http = http or HttpSettings()
         self.make_service = make_service
         self.make_gateway = make_gateway  # None: no API keys asked; else checked on /generate and /jobs
         self.service: Optional[GenerationService] = None
@@ -121,7 +130,7 @@ class GenerationApp:
         # job id -> (request, future, id of the key that submitted it, None without keys)
         self.jobs: collections.OrderedDict[str, tuple[GenerationRequest, Future, Optional[str]]] = \
             collections.OrderedDict()
-        self.routes: dict[str, Callable[[Callable], Awaitable[Reply]]] = {
+        self.routes: dict[str, Callable[[], Awaitable[Reply]]] = {
             "/health": self.health, "/ready": self.ready, "/metrics": self.metrics, "/stats": self.stats,
             "/openapi.json": self.openapi}
 
@@ -129,32 +138,40 @@ class GenerationApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            status, body, kind, headers = await self._route(scope, receive)
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body)), *headers]})
-            await send({"type": "http.response.body", "body": body})
+            await answer_http(self, scope, receive, send)
 
-    async def _route(self, scope: dict, receive: Callable) -> Reply:
-        path, method = scope["path"], scope["method"]
-        if path == "/generate":
-            if method != "POST":
-                return _error(405, "/generate takes POST with a JSON body", "method_not_allowed")
-            return await self.generate(receive, key_from_headers(scope.get("headers", ())))
-        if path.startswith("/jobs/") and method == "GET":
-            return self.job(path[len("/jobs/"):], key_from_headers(scope.get("headers", ())))
-        if path in self.routes and method == "GET":
-            return await self.routes[path](receive)
+    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None) -> Reply:
+        """The reply to one request; `body` None: it was over `MAX_BODY_BYTES`."""
+        try:
+            if path == "/generate":
+                if method != "POST":
+                    return _error(405, "/generate takes POST with a JSON body", "method_not_allowed",
+                                  [(b"allow", b"POST")])
+                return await self.generate(body, api_key)
+            if path.startswith("/jobs/"):
+                if method not in ("GET", "HEAD"):
+                    return _error(405, f"{path} takes GET", "method_not_allowed", [(b"allow", b"GET, HEAD")])
+                return self.job(path[len("/jobs/"):], api_key)
+            if path in self.routes:
+                if method not in ("GET", "HEAD"):
+                    return _error(405, f"{path} takes GET", "method_not_allowed", [(b"allow", b"GET, HEAD")])
+                return await self.routes[path]()
+        except Exception as exc:  # a bug, not the request: log it, answer JSON, keep serving
+            log.exception("%s %s failed", method, path)
+            return _error(500, f"internal error ({type(exc).__name__}); see the server log", "internal")
         return _error(404, f"no endpoint {method} {path}; endpoints: POST /generate, GET /jobs/ID, /health, "
                            "/ready, /metrics, /stats, /openapi.json", "not_found")
 
-    async def generate(self, receive: Callable, api_key: Optional[str] = None) -> Reply:
+    async def generate(self, body: Optional[bytes], api_key: Optional[str] = None) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading; retry in a few seconds", "starting")
         key = self.gateway.identify(api_key) if self.gateway is not None else None
         if isinstance(key, Refusal):
             return _refused(key)
+        if body is None:
+            return _error(413, f"request body over {MAX_BODY_BYTES} bytes; send a shorter prompt", "body_too_large")
         try:
-            request, wants_job = parse_body(await _read_body(receive))
+            request, wants_job = parse_body(body)
             future = self._submit(self.service, request, key)
         except GenerationServiceError as exc:
             return _failure(exc)
@@ -182,18 +199,31 @@ class GenerationApp:
 
     def _submit(self, service: GenerationService, request: GenerationRequest,
                 key: Optional[ApiKey]) -> Union[Future, Refusal]:
-        """Queue the request, first charging the key's token budget (given back if the queue refuses it)."""
+        """Queue the request, first charging the key's token budget: given back if the queue refuses it or the
+        generation fails (expired in the queue, no surface, an error), so a key pays only for meshes made."""
         if key is None or self.gateway is None:
             return service.submit(request)
         cost = service.pipeline.engine.cfg.n_generated  # every mesh decodes this fixed number of shape tokens
-        refusal = self.gateway.admit(key, service.cfg.feature_service, TOKENS, cost)
+        gateway = self.gateway
+        refusal = gateway.admit(key, service.cfg.feature_service, TOKENS, cost)
         if refusal is not None:
             return refusal
         try:
-            return service.submit(request)
-        except GenerationServiceError:
-            self.gateway.refund(key, TOKENS, cost)
+            future = service.submit(request)
+        except BaseException:
+            gateway.refund(key, TOKENS, cost)
             raise
+        loop = asyncio.get_running_loop()
+
+        def refund_failure(done: Future) -> None:
+            if done.cancelled() or done.exception() is not None:
+                try:
+                    loop.call_soon_threadsafe(gateway.refund, key, TOKENS, cost)
+                except RuntimeError:  # the loop is closed: the server is gone and its budgets with it
+                    pass
+
+        future.add_done_callback(refund_failure)
+        return future
 
     def _remember(self, request: GenerationRequest, future: Future, owner: Optional[str]) -> None:
         while len(self.jobs) >= MAX_JOBS:
@@ -216,23 +246,23 @@ class GenerationApp:
             return _error(410, str(exc), exc.code)
         return _failure(exc) if exc is not None else _mesh(future.result())
 
-    async def health(self, receive: Callable) -> Reply:
+    async def health(self) -> Reply:
         return 200, b'{"status":"ok"}', JSON, []
 
-    async def openapi(self, receive: Callable) -> Reply:
+    async def openapi(self) -> Reply:
         return 200, orjson.dumps(OPENAPI), JSON, []
 
-    async def ready(self, receive: Callable) -> Reply:
+    async def ready(self) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading", "starting")
         return 200, orjson.dumps({"status": "ready", "model": self.service.cfg.model}), JSON, []
 
-    async def metrics(self, receive: Callable) -> Reply:
+    async def metrics(self) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading", "starting")
         return 200, self.service.stats.exposition(), b"text/plain; version=0.0.4; charset=utf-8", []
 
-    async def stats(self, receive: Callable) -> Reply:
+    async def stats(self) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading", "starting")
         return 200, orjson.dumps(self.service.stats.summary(), option=orjson.OPT_NON_STR_KEYS), JSON, []
@@ -258,17 +288,17 @@ class GenerationApp:
                 return
 
 
-async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
-    body = await read_body(receive, MAX_BODY_BYTES,
-                           BadRequestError(f"request body over {MAX_BODY_BYTES} bytes; send a shorter prompt"))
-    if body is None:
-        raise BadRequestError("the client went away before sending the whole body")
-    return body
+def server_config(app: GenerationApp, host: str = "127.0.0.1", port: int = 6570, log_level: str = "info") -> Any:
+    """uvicorn's settings for the app: our HTTP protocol (its limits from `app.http`), lifespan on."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False, log_level=log_level,
+                          http="serving.http_protocol:HttpProtocol")
 
 
 def serve(make_service: Callable[[], GenerationService], host: str = "127.0.0.1", port: int = 6570,
-          make_gateway: Optional[Callable[[], Gateway]] = None) -> None:
-    """Serve until interrupted: one process (one GPU), uvicorn over the ASGI app; API keys when `make_gateway`."""
+          make_gateway: Optional[Callable[[], Gateway]] = None, http: Optional[HttpSettings] = None) -> None:
+    """Serve until interrupted: one process (one GPU), uvicorn over the app; API keys when `make_gateway`."""
     import uvicorn
 
     if make_gateway is None:
@@ -276,6 +306,5 @@ def serve(make_service: Callable[[], GenerationService], host: str = "127.0.0.1"
                     "or --require-api-key)")
         if host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("serving on %s: reachable from other machines without API keys", host)
-    uvicorn.run(GenerationApp(make_service, make_gateway), host=host, port=port, lifespan="on", access_log=False,
-                log_level="info", timeout_keep_alive=30)
+    uvicorn.Server(server_config(GenerationApp(make_service, make_gateway, http), host, port)).run()
 

@@ -23,6 +23,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from common.errors import shown
 from inference.errors import Cube3DError
 from inference.service.conditioning import AssetFeatureFetcher
 from inference.service.config import ServiceConfig
@@ -69,12 +70,13 @@ def check_request(request: GenerationRequest, max_timeout_s: float) -> None:
     if request.asset_id is not None and (not isinstance(request.asset_id, str) or not request.asset_id):
         raise BadRequestError("`asset_id` must be a non-empty string (or left out)")
     if type(request.seed) is not int or not 0 <= request.seed < 2 ** 31:
-        raise BadRequestError(f"`seed` must be an integer in [0, 2^31), got {request.seed!r}")
+        raise BadRequestError(f"`seed` must be an integer in [0, 2^31), got {shown(request.seed)}")
     if request.top_p is not None and (type(request.top_p) not in (int, float) or not 0 < request.top_p <= 1):
-        raise BadRequestError(f"`top_p` must be in (0, 1] (or left out for greedy decoding), got {request.top_p!r}")
+        raise BadRequestError(f"`top_p` must be in (0, 1] (or left out for greedy decoding), "
+                              f"got {shown(request.top_p)}")
     t = request.timeout_s
     if t is not None and (type(t) not in (int, float) or not 0 < t <= max_timeout_s):
-        raise BadRequestError(f"`timeout_s` must be in (0, {max_timeout_s:g}], got {t!r}")
+        raise BadRequestError(f"`timeout_s` must be in (0, {max_timeout_s:g}], got {shown(t)}")
 
 
 class GenerationService:

@@ -3,6 +3,8 @@ SDK, turned into the bbox token; a tiny model generates a valid GLB; the HTTP en
 
 from __future__ import annotations
 
+import asyncio
+
 import contextlib
 import datetime as dt
 import threading
@@ -135,11 +137,10 @@ def _serving(service):
     """The HTTP app over `service` in a thread; yields its base URL."""
     import uvicorn
 
-    from inference.service.http_app import GenerationApp
+    from inference.service.http_app import GenerationApp, server_config
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(GenerationApp(lambda: service), host="127.0.0.1", port=port,
-                                           lifespan="on", log_level="warning"))
+    server = uvicorn.Server(server_config(GenerationApp(lambda: service), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -280,6 +281,34 @@ def test_http_expired_job_polls_as_410_and_a_waiting_caller_gets_503_retry_after
         reply = orjson.loads(body)
         assert status == 503 and headers["Retry-After"] == "2" and reply["code"] == "expired"
         assert "`job_timeout_s`" in reply["error"] and "overloaded" in reply["error"]
+
+
+def test_a_failed_generation_gives_the_key_its_tokens_back(expiring, tmp_path):
+    """Tokens are charged when a request is accepted; one that then fails (here: dropped unrun, past
+    `job_timeout_s`) is refunded, so a key pays only for meshes made."""
+    from inference.service.http_app import GenerationApp
+    from serving.api_keys import Authenticator, KeyStore
+    from serving.gateway import TOKENS, Gateway
+
+    store = KeyStore(f"sqlite:///{tmp_path / 'registry.db'}")
+    cost = expiring.pipeline.engine.cfg.n_generated
+    key, secret = store.create("gen", ["*"], 100, cost)                  # one mesh per minute
+    app = GenerationApp(lambda: expiring)
+    app.service, app.gateway = expiring, Gateway(Authenticator(store, refresh_s=3600))
+
+    async def twice() -> list[int]:
+        statuses = []
+        for _ in range(2):
+            status, *_ = await app.respond("POST", "/generate", orjson.dumps({"prompt": "a lamp"}), secret)
+            statuses.append(status)
+            await asyncio.sleep(0.05)                                    # the refund is queued on the loop
+        return statuses
+
+    try:
+        assert asyncio.run(twice()) == [503, 503]                        # both expired; the second was not 429
+        assert app.gateway.admit(key, "cube3d_conditioning", TOKENS, cost) is None
+    finally:
+        app.gateway.close()
 
 
 def test_cli_generate_writes_the_glb_and_prints_the_stage_table(store_repo, tmp_path):

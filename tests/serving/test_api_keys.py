@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 
 from cli_helpers import featurectl
 from serving.api_keys import ApiKeyError, Authenticator, KeyStore
-from serving.throttle import TokenBuckets
+from serving.throttle import SharedTokenBuckets, TokenBuckets
 
 
 @pytest.fixture
@@ -53,8 +55,32 @@ def test_usage_is_recorded_per_key(store):
 
 
 def test_bad_budgets_are_rejected(store):
-    with pytest.raises(ApiKeyError, match="budgets must be positive"):
+    with pytest.raises(ApiKeyError, match=r"budgets must be whole numbers in \[1, 2147483647\]"):
         store.create("x", ["*"], 0, 10)
+    with pytest.raises(ApiKeyError, match="budgets must be whole numbers"):
+        store.create("x", ["*"], 10, 10**20)
+
+
+@pytest.mark.parametrize("services, message", [
+    (["asset_ranking,*"], "is not a feature service name"),
+    ([""], "is not a feature service name"),
+    ([" asset_ranking"], "is not a feature service name"),
+    ([], "needs at least one feature service"),
+    (["asset_ranking", "*"], "give `--service '\\*'` alone"),
+])
+def test_grants_are_one_name_each_or_star_alone(store, services, message):
+    with pytest.raises(ApiKeyError, match=message):
+        store.create("x", services, 10, 10)
+    assert store.list() == []
+
+
+def test_keys_cli_refuses_bad_grants_and_budgets_in_one_line(tmp_path):
+    registry = f"sqlite:///{tmp_path / 'registry.db'}"
+    for args in (["--service", "asset_ranking,*"], ["--service", ""],
+                 ["--service", "*", "--requests-per-minute", "99999999999999999999"]):
+        done = featurectl("--registry", registry, "keys", "create", "x", *args)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().startswith("Error:") and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_token_bucket_refills_per_minute():
@@ -67,7 +93,37 @@ def test_token_bucket_refills_per_minute():
     assert buckets.take("k", "requests", 1, 60) == (True, 0)
     assert buckets.take("k", "tokens", 512, 1024) == (True, 0)
     assert buckets.take("k", "tokens", 1024, 1024) == (False, 30)
-    assert buckets.take("k", "tokens", 5000, 1024) == (False, 60)
+
+
+def test_workers_sharing_a_budget_file_spend_one_budget(tmp_path):
+    """Two processes' buckets over one file (as `serve --workers 2` has): a 60/min key gets 60 in all, not 60
+    per worker nor 30 on the worker a keep-alive connection happens to use."""
+    now = [0.0]
+    path = str(tmp_path / "budgets")
+    workers = [SharedTokenBuckets(path, clock=lambda: now[0]) for _ in range(2)]
+    assert all(workers[0].take("k", "requests", 1, 60)[0] for _ in range(45))     # one busy connection
+    assert all(workers[i % 2].take("k", "requests", 1, 60)[0] for i in range(15))
+    assert workers[1].take("k", "requests", 1, 60) == (False, 1)
+    assert workers[0].take("other", "requests", 1, 60) == (True, 0)               # its own slot
+    workers[1].give_back("k", "requests", 1, 60)
+    assert workers[0].take("k", "requests", 1, 60) == (True, 0)
+    for worker in workers:
+        worker.close()
+
+
+def test_a_budget_shared_across_real_processes_is_exact(tmp_path):
+    path = str(tmp_path / "budgets")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        granted = sum(pool.starmap(_take_many, [(path, 100)] * 4))
+    assert granted == 250  # a key of 250 per minute, 400 asked for by four processes at one instant
+
+
+def _take_many(path: str, count: int) -> int:
+    buckets = SharedTokenBuckets(path, clock=lambda: 0.0)  # no refill between the processes' takes
+    try:
+        return sum(buckets.take("k", "requests", 1, 250)[0] for _ in range(count))
+    finally:
+        buckets.close()
 
 
 def test_keys_cli_round_trip(tmp_path):
@@ -114,9 +170,11 @@ def test_gateway_order_401_403_429_and_usage(store):
         assert gateway.admit(key, "asset_ranking", TOKENS, 60) is None
         gateway.refund(key, TOKENS, 60)
         assert gateway.admit(key, "asset_ranking", TOKENS, 100) is None          # the refund came back
+        never = gateway.admit(key, "asset_ranking", TOKENS, 101)                 # above a minute's budget
+        assert never.status == 403 and never.code == "over_key_limit" and never.headers == []
     finally:
         gateway.close()
-    assert store.usage() == [(key.key_id, "ranker", 3, 100, 1)]          # the refunded request is not counted
+    assert store.usage() == [(key.key_id, "ranker", 3, 100, 2)]          # the refunded request is not counted
 
 
 def test_usage_of_several_server_processes_adds_up(store):

@@ -195,3 +195,25 @@ def test_server_commands_and_functions_default_to_loopback():
         assert {p.name: p.default for p in command.params}["host"] == "127.0.0.1", command.name
     for function in (server.serve, http_app.serve):
         assert inspect.signature(function).parameters["host"].default == "127.0.0.1", function.__module__
+
+
+def test_workers_spend_one_budget_whichever_worker_a_connection_lands_on(served):
+    import http.client
+
+    key_id, secret = KeyStore(load_config(served.repo).registry_url).create("sixty", ["asset_ranking"], 60, 1000)
+    body, headers = json.dumps(BODY), {**_bearer(secret), "Content-Type": "application/json"}
+    with feature_server(served.repo, free_port(), "--require-api-key", "--workers", "2") as url:
+        host, port = url.removeprefix("http://").split(":")
+        statuses, started = [], time.monotonic()
+        keep_alive = http.client.HTTPConnection(host, int(port), timeout=10)   # one connection: one worker
+        for _ in range(50):
+            keep_alive.request("POST", "/get-online-features", body, headers)
+            reply = keep_alive.getresponse()
+            reply.read()
+            statuses.append(reply.status)
+        keep_alive.close()
+        for _ in range(20):                                                    # new connections: either worker
+            statuses.append(_request(url, BODY, **_bearer(secret))[0])
+        refilled = (time.monotonic() - started) * 60 / 60                      # the bucket refills 1 per second
+    assert statuses[:60] == [200] * 60 and 429 in statuses, statuses          # not refused at #31 (a half each)
+    assert statuses.count(200) <= 60 + refilled + 1 and set(statuses) == {200, 429}, statuses

@@ -10,31 +10,12 @@ import types
 import hiredis
 import pytest
 
+from common.config import HttpSettings
+from fake_transport import FakeTransport
 from redis_store.errors import RedisUnavailableError
 from redis_store.node import _ReplyProtocol
 from serving.http_app import FeatureServer
-from serving.http_protocol import FeatureHttpProtocol
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = self.aborted = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closed or self.aborted
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def get_extra_info(self, name: str, default=None):
-        return default
+from serving.http_protocol import HttpProtocol
 
 
 def _connected(protocol):
@@ -97,10 +78,11 @@ def test_a_cancelled_request_does_not_expire_the_connection():
     asyncio.run(scenario())
 
 
-def _http_connection(keep_alive_s: float) -> tuple[FeatureHttpProtocol, FakeTransport]:
-    config = types.SimpleNamespace(loaded_app=FeatureServer(lambda: None), timeout_keep_alive=keep_alive_s)
-    return _connected(FeatureHttpProtocol(config, types.SimpleNamespace(connections=set()),
-                                          _loop=asyncio.get_running_loop()))
+def _http_connection(keep_alive_s: float) -> tuple[HttpProtocol, FakeTransport]:
+    app = FeatureServer(lambda: None, http=HttpSettings(keep_alive_s=keep_alive_s))
+    config = types.SimpleNamespace(loaded_app=app)
+    return _connected(HttpProtocol(config, types.SimpleNamespace(connections=set()),
+                                   _loop=asyncio.get_running_loop()))
 
 
 def test_keep_alive_connections_close_once_idle_for_the_timeout():

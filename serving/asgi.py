@@ -1,0 +1,37 @@
+"""The ASGI face of both servers' apps: any ASGI server can run an app that has `respond(method, path, body,
+api_key)` and `max_body_bytes`; ours run it on `serving.http_protocol` instead, and use ASGI for lifespan only."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Optional
+
+from serving.gateway import key_from_headers
+
+_GONE = object()
+
+
+async def answer_http(app: Any, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+    """One ASGI HTTP request answered by `app.respond` (the body None when over `app.max_body_bytes`)."""
+    body: Any = await _read_body(receive, app.max_body_bytes) if scope["method"] == "POST" else b""
+    if body is _GONE:
+        return  # the client went away: nobody is left to read an answer
+    status, payload, kind, headers = await app.respond(scope["method"], scope["path"], body,
+                                                       key_from_headers(scope.get("headers", ())))
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload)), *headers]})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
+
+
+async def _read_body(receive: Callable[[], Awaitable[dict]], limit: int) -> Optional[bytes]:
+    """The whole body; None past `limit` bytes (the rest is read and dropped); `_GONE` if the client left first."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return _GONE  # type: ignore[return-value]
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks) if size <= limit else None

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsl.compile_flink import TILE_START, CompiledView
-from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
+from dsl.sql import create_table, quote_ident
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,11 @@ def export_tiles(env, jobs: list[TileJob], out_dir: Path) -> dict[str, Path]:
     folders = {}
     for job in jobs:
         folders[job.view.name] = out_dir / job.view.name
-        sink = quote_ident(f"{job.view.name}__tiles")
-        env.execute_sql(f"DROP TEMPORARY TABLE IF EXISTS {sink}")
+        sink = f"{job.view.name}__tiles"
+        env.execute_sql(f"DROP TEMPORARY TABLE IF EXISTS {quote_ident(sink)}")
         env.execute_sql(_sink_ddl(sink, job, folders[job.view.name]))
-        statements.add_insert_sql(f"INSERT INTO {sink}\n{_ranged_query(job, *ranges[job.compiled.source])}")
+        statements.add_insert_sql(f"INSERT INTO {quote_ident(sink)}\n"
+                                  f"{_ranged_query(job, *ranges[job.compiled.source])}")
     log.info("running the tile queries of %s in one Flink batch job", ", ".join(j.view.name for j in jobs))
     statements.execute().wait()
     return folders
@@ -72,8 +73,6 @@ def _ranged_query(job: TileJob, start_ms: int, end_ms: int) -> str:
 
 def _sink_ddl(sink: str, job: TileJob, folder: Path) -> str:
     columns = [f"{quote_ident(k)} {kind.flink_sql}" for k, kind in job.view.entity.join_keys.items()]
-    columns.append(f"{TILE_START} BIGINT")
+    columns.append(f"{quote_ident(TILE_START)} BIGINT")
     columns += [f"{quote_ident(c.name)} {c.sql_type}" for c in job.compiled.tile_columns]
-    body = ",\n  ".join(columns)
-    return (f"CREATE TEMPORARY TABLE {sink} (\n  {body}\n) WITH (\n  'connector' = 'filesystem',\n"
-            f"  'path' = '{folder.as_uri()}',\n  'format' = 'parquet'\n)")
+    return create_table(sink, columns, {"connector": "filesystem", "path": folder.as_uri(), "format": "parquet"})

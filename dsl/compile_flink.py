@@ -25,12 +25,12 @@ from typing import Mapping, Sequence
 
 from dsl import aggregates, sql_functions
 from dsl.aggregates import Partial
-from dsl.compile_stream_source import KafkaRead, SourceRelation, create_table, lateness_ms, source_relation
+from dsl.compile_stream_source import KafkaRead, SourceRelation, lateness_ms, source_relation
 from dsl.duration import milliseconds, sql_interval
-from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
 from dsl.features import Aggregation, Attribute
 from dsl.source import ROWTIME, EventSource
+from dsl.sql import create_table, quote_ident, quote_string
 from dsl.types import ValueType
 
 TILE_START = "tile_start"
@@ -120,8 +120,8 @@ class CompiledView:
     def tile_query_with_state_ttl(self, ttl_ms: int) -> str:
         """The tile query whose tiles' state expires `ttl_ms` after its last update (a streaming job's state):
         a hint on this query alone, so the source's running maximum, read for every event, carries no TTL."""
-        source = self.source.replace("'", "''")
-        return f"SELECT /*+ STATE_TTL('{source}' = '{ttl_ms} ms') */\n" + self.tile_query.removeprefix("SELECT\n")
+        hint = f"STATE_TTL({quote_string(self.source)} = {quote_string(f'{ttl_ms} ms')})"
+        return f"SELECT /*+ {hint} */\n" + self.tile_query.removeprefix("SELECT\n")
 
 
 def _columns(source: EventSource) -> list[str]:
@@ -217,7 +217,7 @@ def tile_ms(view: FeatureView) -> int:
 
 def tile_query(view: FeatureView, columns: list[tuple[TileColumn, str]]) -> str:
     keys = [quote_ident(k) for k in view.entity.join_keys]
-    select = [*keys, f"{tile_start_sql(view)} AS {TILE_START}"]
+    select = [*keys, f"{tile_start_sql(view)} AS {quote_ident(TILE_START)}"]
     select += [f"{sql} AS {quote_ident(column.name)}" for column, sql in columns]
     body = ",\n  ".join(select)
     return (f"SELECT\n  {body}\nFROM {quote_ident(view.source.name)}\n"

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from dsl.duration import milliseconds
-from dsl.expr import quote_ident
 from dsl.feature_view import FeatureView
 from dsl.source import ROWTIME, EventSource
+from dsl.sql import create_table, quote_ident, quote_string
 
 KAFKA_SUFFIX = "__kafka"
 CHECKED_SUFFIX = "__checked"
@@ -76,13 +76,6 @@ class SourceRelation:
     dead_letter_query: str
 
 
-def create_table(name: str, columns: Sequence[str], options: Mapping[str, str]) -> str:
-    """`CREATE TEMPORARY TABLE name (columns) WITH (options)`, the one shape of every table we declare."""
-    body = ",\n  ".join(columns)
-    with_ = ",\n".join(f"  '{k}' = '{v}'" for k, v in options.items())
-    return f"CREATE TEMPORARY TABLE {quote_ident(name)} (\n  {body}\n) WITH (\n{with_}\n)"
-
-
 def kafka_table_ddl(source: EventSource, read: KafkaRead) -> str:
     """The topic as it is: each record's bytes, partition, offset and timestamp (one read serves every view)."""
     columns = [f"{quote_ident(PAYLOAD)} BYTES", f"{quote_ident(PARTITION)} INT METADATA FROM 'partition' VIRTUAL",
@@ -114,10 +107,6 @@ def parse_spec(source: EventSource, key_columns: Sequence[str]) -> str:
     return json.dumps({"columns": columns, "required": required_columns(source, key_columns)})
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def lateness_ms(source: EventSource) -> int:
     """How far behind the partition's greatest event time an event may be and still count."""
     return milliseconds(source.watermark_delay + source.allowed_lateness)
@@ -130,13 +119,14 @@ def checked_view_ddl(source: EventSource, key_columns: Sequence[str]) -> str:
     names = [quote_ident(name) for name in source.schema]
     ts = quote_ident(source.timestamp_field)
     record_ms = f"CAST(TIMESTAMPDIFF(MINUTE, TO_TIMESTAMP_LTZ(0, 3), {quote_ident(RECORD_TIME)}) AS BIGINT) * 60000"
+    # integers: no calendar overflows
     error = (f"CASE WHEN e.{quote_ident(ERROR)} IS NOT NULL THEN e.{quote_ident(ERROR)} "
-             f"WHEN e.{ts} > {record_ms} + {MAX_AHEAD_MS} THEN '{FUTURE}' END")  # integers: no calendar overflows
+             f"WHEN e.{ts} > {record_ms} + {MAX_AHEAD_MS} THEN {quote_string(FUTURE)} END")
     inner = (f"SELECT\n  {', '.join(f'e.{n}' for n in names)},\n  {error} AS {quote_ident(ERROR)},\n"
              f"  k.{quote_ident(PAYLOAD)}, k.{quote_ident(PARTITION)}, k.{quote_ident(OFFSET)}, "
              f"k.{quote_ident(PROCTIME)}\n"
              f"FROM {quote_ident(source.name + KAFKA_SUFFIX)} AS k,\n"
-             f"  LATERAL TABLE(PARSE_EVENT(k.{quote_ident(PAYLOAD)}, {_sql_string(parse_spec(source, key_columns))}))"
+             f"  LATERAL TABLE(PARSE_EVENT(k.{quote_ident(PAYLOAD)}, {quote_string(parse_spec(source, key_columns))}))"
              f" AS e({', '.join([*names, quote_ident(ERROR)])})")
     running_max = (f"MAX(CASE WHEN {quote_ident(ERROR)} IS NULL THEN {ts} END) OVER (\n"
                    f"  PARTITION BY {quote_ident(PARTITION)} ORDER BY {quote_ident(PROCTIME)}\n"
@@ -167,11 +157,10 @@ def on_time_view_ddl(source: EventSource, cutover_ms: Optional[int] = None) -> s
 def dead_letter_query(source: EventSource, cutover_ms: Optional[int] = None) -> str:
     """Events with a problem, and late events at or after the cutover (a valid event before it is history, counted
     from Parquet whether or not it is late here), each with the original bytes of its payload's start."""
-    name = source.name.replace("'", "''")
     payload = quote_ident(PAYLOAD)
     late = f"NOT ({_on_time(source)}){_after_cutover(source, cutover_ms)}"
-    return (f"SELECT COALESCE({quote_ident(ERROR)}, '{LATE}'), '{name}', {quote_ident(PARTITION)}, "
-            f"{quote_ident(OFFSET)}, {quote_ident(source.timestamp_field)}, "
+    return (f"SELECT COALESCE({quote_ident(ERROR)}, {quote_string(LATE)}), {quote_string(source.name)}, "
+            f"{quote_ident(PARTITION)}, {quote_ident(OFFSET)}, {quote_ident(source.timestamp_field)}, "
             f"PAYLOAD_TEXT({payload}, {DEAD_PAYLOAD_BYTES}), PAYLOAD_ENCODING({payload}, {DEAD_PAYLOAD_BYTES})\n"
             f"FROM {quote_ident(source.name + CHECKED_SUFFIX)}\n"
             f"WHERE {quote_ident(ERROR)} IS NOT NULL OR ({late})")

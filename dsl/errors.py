@@ -1,6 +1,20 @@
 """One exception hierarchy for feature definitions; each message names the object, the problem and the fix."""
 
-from common.errors import FeaturectlError
+from common.errors import FeaturectlError, shown
+
+_SHOWN_CHARS = 80
+
+
+def backticked(name: object) -> str:
+    """A user's name as messages quote it: in backticks, cut short when long, so a hostile name cannot flood the
+    one line of its own error."""
+    text = name if isinstance(name, str) else shown(name)
+    return f"`{text[:_SHOWN_CHARS]}...`" if len(text) > _SHOWN_CHARS else f"`{text}`"
+
+
+def _one_line(text: str) -> str:
+    """Line breaks and other unprintable characters of a message escaped, as in a repr: the CLI prints one line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 class DefinitionError(FeaturectlError, ValueError):
@@ -13,7 +27,7 @@ class DefinitionError(FeaturectlError, ValueError):
         msg = f"{obj}: {problem}"
         if hint:
             msg += f"; {hint}"
-        super().__init__(msg)
+        super().__init__(_one_line(msg))
 
 
 class UnknownColumnError(DefinitionError):

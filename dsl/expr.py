@@ -4,14 +4,20 @@ A filter is checked against the source schema when its feature view is built, co
 predicate, and evaluates on plain Python rows (the oracle of the tests uses the same object, so the two can
 never disagree about what a filter means). NULL follows SQL's three-valued logic: `evaluate` returns True,
 False or None (unknown), and a row passes a filter only when it evaluates to True.
+
+Literals are refused when SQL cannot hold them as Python means them: NaN and infinities (`x > nan` is no SQL),
+integers beyond BIGINT, strings that are not valid Unicode. An expression has no truth value: Python's `and`,
+`or`, `not`, `if` and chained comparisons would silently keep one side, so they raise instead.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable, Iterable, Mapping
 
-from dsl.errors import TypeMismatchError, UnknownColumnError
+from dsl.errors import DefinitionError, TypeMismatchError, UnknownColumnError, backticked
+from dsl.sql import identifier_problem, quote_ident, quote_string
 from dsl.types import ValueType
 
 _COMPARISONS: dict[str, tuple[str, Callable[[Any, Any], bool]]] = {
@@ -20,19 +26,35 @@ _COMPARISONS: dict[str, tuple[str, Callable[[Any, Any], bool]]] = {
 }
 
 
-def quote_ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+_BIGINT = range(-2**63, 2**63)
+
+
+def check_literal(value: Any) -> None:
+    """Refuse a filter literal that SQL cannot hold as Python means it."""
+    where = f"filter literal {backticked(repr(value))}"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DefinitionError(where, "NaN and infinities cannot be compared in SQL",
+                              "compare with a finite number, or use .is_null() for a missing value")
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _BIGINT:
+        raise DefinitionError(where, "is beyond the range of a 64-bit integer", "compare with a smaller number")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DefinitionError(where, "is not valid Unicode (a lone surrogate)", "use a valid str") from None
+    if not isinstance(value, (bool, int, float, str)):
+        raise DefinitionError(where, f"has type {type(value).__name__}, which a filter cannot compare",
+                              "use a str, int, float or bool; .is_null() for a missing value")
 
 
 def sql_literal(value: Any) -> str:
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    raise TypeError(f"literal {value!r} of type {type(value).__name__} cannot be used in a filter; "
-                    "use a str, int, float or bool")
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(float(value))
+    return quote_string(value)
 
 
 class Expr:
@@ -60,12 +82,22 @@ class Expr:
     def __invert__(self) -> "Expr":
         return Not(self)
 
+    def __bool__(self) -> bool:
+        raise DefinitionError(f"filter {self.to_sql()}", "has no truth value: Python's `and`, `or`, `not`, "
+                              "`if` and chained comparisons would silently keep only one side",
+                              "combine conditions with `&`, `|` and `~`, each in parentheses, e.g. "
+                              "(col(\"a\") == 1) & (col(\"b\") > 2)")
+
     def __repr__(self) -> str:
         return self.to_sql()
 
 
 class Col(Expr):
     def __init__(self, name: str):
+        problem = identifier_problem(name)
+        if problem:
+            raise DefinitionError(f"col({backticked(name)})", f"is not a column name: {problem}",
+                                  "name a column of the source")
         self.name = name
 
     def columns(self) -> set[str]:
@@ -118,7 +150,7 @@ class Col(Expr):
 
 class Lit(Expr):
     def __init__(self, value: Any):
-        sql_literal(value)
+        check_literal(value)
         self.value = value
 
     def columns(self) -> set[str]:

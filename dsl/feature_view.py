@@ -10,9 +10,10 @@ from dsl import aggregates
 from dsl.duration import parse_duration
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, TypeMismatchError, UnknownColumnError,
-                        UnknownReferenceError, WindowError)
+                        UnknownReferenceError, WindowError, backticked)
 from dsl.features import Aggregation, Attribute, Feature, Window
-from dsl.source import EventSource
+from dsl.names import check_name
+from dsl.source import RESERVED_COLUMNS, EventSource
 from dsl.types import ValueType
 
 
@@ -45,9 +46,8 @@ class FeatureView:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        where = f"feature view `{self.name}`"
-        if not self.name or not self.name.isidentifier():
-            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        where = f"feature view {backticked(self.name)}"
+        check_name(where, "name", self.name)
         if not isinstance(self.entity, Entity):
             raise DefinitionError(where, f"entity must be an Entity, got {type(self.entity).__name__}")
         if not isinstance(self.source, EventSource):
@@ -62,6 +62,9 @@ class FeatureView:
         for feature in self.features:
             self._check_feature(feature, where)
             for feature_name in feature.feature_names:
+                if feature_name in RESERVED_COLUMNS:
+                    raise DefinitionError(where, f"feature name `{feature_name}` is reserved for the offline table",
+                                          "give the feature another name=\"...\"")
                 if feature_name in names or feature_name in self.entity.join_keys:
                     raise DuplicateNameError(where, f"feature name `{feature_name}` is used twice",
                                              "give one of the aggregations another name=\"...\"")
@@ -164,9 +167,8 @@ class FeatureService:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        where = f"feature service `{self.name}`"
-        if not self.name or not self.name.isidentifier():
-            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        where = f"feature service {backticked(self.name)}"
+        check_name(where, "name", self.name)
         if not self.features:
             raise DefinitionError(where, "lists no features", "pass views or view[[\"feature\", ...]] entries")
         object.__setattr__(self, "features", tuple(self.features))

@@ -8,8 +8,9 @@ from typing import Optional, Sequence
 
 from dsl.aggregates import OPS
 from dsl.duration import format_duration, parse_duration
-from dsl.errors import DefinitionError, DuplicateNameError
+from dsl.errors import DefinitionError, DuplicateNameError, backticked
 from dsl.expr import Expr
+from dsl.names import check_name
 
 
 @dataclass(frozen=True)
@@ -31,18 +32,20 @@ class Aggregation:
     """`op` over `column` (or over rows, for `count`) in each of `windows`, optionally on filtered rows.
 
     Feature names are `{name}_{window}`; `name` defaults to `{column}_{op}` (`count` for a plain row count).
+    Two aggregations compare by their filters' SQL: an expression has no truth value for `==` to return.
     """
 
     op: str
     column: Optional[str] = None
     windows: Sequence[str | timedelta] = ("1h",)
-    filter: Optional[Expr] = None
+    filter: Optional[Expr] = field(default=None, compare=False)
     name: Optional[str] = None
     description: str = ""
     parsed_windows: tuple[Window, ...] = field(init=False, repr=False, compare=False)
+    filter_sql: Optional[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        where = f"aggregation `{self.name or self.column or self.op}`"
+        where = f"aggregation {backticked(self.base_name)}"
         if self.op not in OPS:
             raise DefinitionError(where, f"unknown op `{self.op}`", f"use one of: {', '.join(OPS)}")
         if OPS[self.op].needs_column and not self.column:
@@ -60,10 +63,12 @@ class Aggregation:
                                          "same length", "list each window once")
             seen[window.length] = window.label
         object.__setattr__(self, "parsed_windows", parsed)
+        object.__setattr__(self, "filter_sql", None if self.filter is None else self.filter.to_sql())
+        _check_feature_names(where, self.name, self.feature_names)
 
     @property
     def base_name(self) -> str:
-        if self.name:
+        if self.name is not None:
             return self.name
         return f"{self.column}_{self.op}" if self.column else "count"
 
@@ -83,9 +88,21 @@ class Attribute:
     name: Optional[str] = None
     description: str = ""
 
+    def __post_init__(self) -> None:
+        _check_feature_names(f"attribute {backticked(self.column)}", self.name, self.feature_names)
+
     @property
     def feature_names(self) -> list[str]:
-        return [self.name or self.column]
+        return [self.column if self.name is None else self.name]
+
+
+def _check_feature_names(where: str, name: Optional[str], feature_names: list[str]) -> None:
+    """Feature names follow the naming rule; a name made from the column says how to give another one."""
+    if name is not None:
+        check_name(where, "name", name)
+    other_fix = "" if name is not None else ", or give the feature a name=\"...\" that does"
+    for feature_name in feature_names:
+        check_name(where, "feature name", feature_name, other_fix)
 
 
 Feature = Aggregation | Attribute

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from dsl.duration import MAX_DAYS
 from dsl.entity import Entity
 from dsl.errors import DefinitionError, DuplicateNameError, UnknownReferenceError
 from dsl.feature_view import FeatureRef, FeatureService, FeatureView
@@ -101,6 +103,18 @@ def load_repo(path: Path | str) -> Repository:
         spec = importlib.util.spec_from_file_location(module_name, file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except OverflowError as exc:  # e.g. timedelta(days=99999999999), before any definition can check it
+            raise _overflow_error(file, exc) from None
         objects.extend(vars(module).values())
     return Repository.of(objects)
+
+
+def _overflow_error(file: Path, exc: OverflowError) -> DefinitionError:
+    """A number too large for Python itself in a definition file, reported at its line."""
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
+    where = f"feature repo file {file.name}" + (f", line {lines[-1]}" if lines else "")
+    return DefinitionError(where, f"a number is too large ({exc})",
+                           f"durations are at most {MAX_DAYS}d (100 years): write e.g. ttl=\"7d\" or "
+                           "timedelta(days=7)")

@@ -7,12 +7,16 @@ from datetime import timedelta
 from typing import Mapping, Optional
 
 from dsl.duration import parse_duration
-from dsl.errors import DefinitionError, MissingTimestampError, TypeMismatchError
+from dsl.errors import DefinitionError, MissingTimestampError, TypeMismatchError, backticked
+from dsl.names import check_name, check_topic
+from dsl.sql import MAX_IDENTIFIER, identifier_problem
 from dsl.types import ValueType
 
-# Names the compiled SQL adds to every source table; a user column may not take them.
+# Names the compiled SQL adds to every source table; a user column may not take them, nor start with `__` (the
+# prefix of the streaming relation's own columns).
 ROWTIME = "__rowtime"
 RESERVED_COLUMNS = frozenset({ROWTIME, "tile_start", "event_timestamp"})
+RESERVED_PREFIX = "__"
 
 
 @dataclass(frozen=True)
@@ -35,17 +39,15 @@ class EventSource:
     description: str = ""
 
     def __post_init__(self) -> None:
-        where = f"source `{self.name}`"
-        if not self.name or not self.name.isidentifier():
-            raise DefinitionError(where, "name must be an identifier", "use letters, digits and _")
+        where = f"source {backticked(self.name)}"
+        check_name(where, "name", self.name)
         if not self.schema:
             raise DefinitionError(where, "has an empty schema", "list its columns: schema={\"col\": String, ...}")
         for column, kind in self.schema.items():
+            _check_column(where, column)
             if not isinstance(kind, ValueType):
                 raise TypeMismatchError(where, f"column `{column}` has type {kind!r}",
                                         "use a dsl type: String, Int32, Int64, Float32, Float64, Bool, Timestamp")
-            if column in RESERVED_COLUMNS:
-                raise DefinitionError(where, f"column `{column}` uses a reserved name", "rename the column")
         if not self.timestamp_field:
             raise MissingTimestampError(where, "has no timestamp_field",
                                         "name the event-time column: timestamp_field=\"event_time\"")
@@ -58,7 +60,24 @@ class EventSource:
                                     "declare it as Timestamp (epoch milliseconds)")
         if not self.kafka_topic and not self.path:
             raise DefinitionError(where, "has neither kafka_topic nor path", "give a topic, a Parquet path, or both")
+        if self.kafka_topic is not None:
+            check_topic(where, self.kafka_topic)
+        if self.path is not None and not (isinstance(self.path, str) and self.path.isprintable()):
+            raise DefinitionError(where, f"path {backticked(self.path)} is not a printable str",
+                                  "give the Parquet folder as a str without line breaks or control characters")
         object.__setattr__(self, "schema", dict(self.schema))
         object.__setattr__(self, "watermark_delay", parse_duration(self.watermark_delay, f"{where} watermark_delay"))
         object.__setattr__(self, "allowed_lateness", parse_duration(self.allowed_lateness,
                                                                      f"{where} allowed_lateness", allow_zero=True))
+
+
+def _check_column(where: str, column: object) -> None:
+    """Columns follow the data, so any name Flink can quote is allowed, less those the compiler reserves."""
+    problem = identifier_problem(column)
+    if problem:
+        raise DefinitionError(where, f"column {backticked(column)} cannot be a column name: {problem}",
+                              f"rename it to 1 to {MAX_IDENTIFIER} printable characters")
+    if column in RESERVED_COLUMNS or column.startswith(RESERVED_PREFIX):
+        raise DefinitionError(where, f"column `{column}` uses a reserved name",
+                              f"rename the column: {', '.join(sorted(RESERVED_COLUMNS))} and names starting with "
+                              f"`{RESERVED_PREFIX}` are the compiler's")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from dsl.sql import quote_ident, quote_string
+
 UDF_JAR_NAME = "featurectl-udf.jar"
 
 _PACKAGE = "dev.featurectl.udf"
@@ -28,7 +30,5 @@ FUNCTIONS: Mapping[str, str] = MappingProxyType({
 
 def function_ddl() -> list[str]:
     """One CREATE statement per function, safe to run again on the same TableEnvironment."""
-    return [
-        f"CREATE TEMPORARY SYSTEM FUNCTION IF NOT EXISTS {name} AS '{java_class}' LANGUAGE JAVA"
-        for name, java_class in FUNCTIONS.items()
-    ]
+    return [f"CREATE TEMPORARY SYSTEM FUNCTION IF NOT EXISTS {quote_ident(name)} AS {quote_string(java_class)} "
+            "LANGUAGE JAVA" for name, java_class in FUNCTIONS.items()]

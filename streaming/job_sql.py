@@ -17,10 +17,10 @@ from typing import Mapping, Sequence
 
 from common.errors import FeaturectlError
 from dsl.compile_flink import TILE_START, CompiledView, SourceSettings, compile_view
-from dsl.compile_stream_source import DEAD_LETTER_COLUMNS, SourceRelation, create_table, source_keys
-from dsl.expr import quote_ident
+from dsl.compile_stream_source import DEAD_LETTER_COLUMNS, SourceRelation, source_keys
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
+from dsl.sql import create_table, quote_ident
 
 # Transactions of the dead-letter sink must outlive a checkpoint interval; 15 minutes is the broker's default cap.
 TRANSACTION_TIMEOUT_MS = 900_000
@@ -99,7 +99,7 @@ class JobPlan:
     def _tiles_sink(self, job: ViewJob) -> str:
         keys = job.compiled.key_columns
         columns = [f"{quote_ident(k)} {kind.flink_sql}" for k, kind in zip(keys, job.compiled.key_types)]
-        columns.append(f"{TILE_START} BIGINT")
+        columns.append(f"{quote_ident(TILE_START)} BIGINT")
         columns += [f"{quote_ident(c.name)} {c.sql_type}" for c in job.compiled.tile_columns]
         columns.append(f"PRIMARY KEY ({', '.join(quote_ident(k) for k in (*keys, TILE_START))}) NOT ENFORCED")
         # A mini-batch emits its tile updates at once: 5 ms of linger packs them into a few produce requests.

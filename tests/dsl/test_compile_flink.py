@@ -73,7 +73,7 @@ def test_batch_ddl_reads_parquet_with_the_columns_the_streaming_view_has(compile
 
 def test_tile_query_groups_by_all_join_keys_and_epoch_aligned_tile(compiled):
     query = compiled.tile_query
-    assert "`ts` - MOD(`ts`, 300000) AS tile_start" in query
+    assert "`ts` - MOD(`ts`, 300000) AS `tile_start`" in query
     assert "FROM `clicks`\n" in query
     assert query.rstrip().endswith("GROUP BY `shop`, `item`, `ts` - MOD(`ts`, 300000)")
 

@@ -85,13 +85,6 @@ def build(schema, key, key_type, timestamp, features, tile) -> FeatureView:
     return FeatureView("things", entity, source, features=built, tile=tile)
 
 
-@pytest.fixture(scope="module")
-def flink_env():
-    from common.flink import create_table_env
-
-    return create_table_env(streaming=True)
-
-
 @pytest.mark.integration
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])

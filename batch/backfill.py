@@ -21,11 +21,13 @@ from typing import Optional, Protocol, Sequence
 import pyarrow.dataset as ds
 
 from batch.backfill_log import BackfillLog, BackfillRecord
+from batch.input_schema import SourceNeeds, check_history
 from batch.offline_table import RangeWriter
 from batch.tile_export import TileJob, export_tiles, source_ranges
 from batch.windows import TileGrid, offline_rows, offline_schema
 from common.errors import FeaturectlError
 from common.flink import create_table_env
+from common.instants import check_range, format_epoch_ms
 from dsl.compile_feast import offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.feature_view import FeatureView
@@ -103,14 +105,15 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     """
     began = time.monotonic()
     start_ms, end_ms = _epoch_ms(start, "start"), _epoch_ms(end, "end")
-    if start_ms >= end_ms:
-        raise BackfillError(f"empty range: start {start.isoformat()} is not before end {end.isoformat()}")
+    check_range(start, end)
     if not views:
         raise BackfillError("no feature views to backfill: define some, or name them with --view")
     progress = progress or _Silent()
     settings = SourceSettings(target.bootstrap_servers, target.data_dir)
     compiled = [compile_view(v, settings) for v in views]
     jobs = [TileJob(v, c, TileGrid.of(c, start_ms, end_ms).origin_ms, end_ms) for v, c in zip(views, compiled)]
+    for warning in check_history(SourceNeeds.of_views(views), target.data_dir).warnings:
+        log.warning(warning)
     summary = BackfillSummary(start, end, events_read=_count_events(jobs, settings))
     offline_root = target.data_dir / "offline"
     offline_root.mkdir(parents=True, exist_ok=True)
@@ -130,16 +133,19 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
 
 
 def _count_events(jobs: list[TileJob], settings: SourceSettings) -> int:
-    """Events the job reads: those of each source in its range (Parquet statistics and one column)."""
+    """Events the job reads: those of each source in its range (Parquet statistics and one column); a source
+    with none there is worth a warning, since its views' rows of the range will be empty."""
     total = 0
     for source_name, (lo, hi) in source_ranges(jobs).items():
         source = next(j.view.source for j in jobs if j.compiled.source == source_name)
-        folder = source_path(source, settings.data_dir)
-        if not folder.is_dir() or not any(folder.iterdir()):
-            raise BackfillError(f"source `{source_name}` has no history at {folder}: write Parquet files there "
-                                "(e.g. `featurectl datagen history`) or set the source's `path`")
         ts = ds.field(source.timestamp_field)
-        total += ds.dataset(folder, format="parquet").count_rows(filter=(ts >= lo) & (ts < hi))
+        count = ds.dataset(source_path(source, settings.data_dir), format="parquet").count_rows(
+            filter=(ts >= lo) & (ts < hi))
+        if not count:
+            log.warning("source `%s`: none of its events is in [%s, %s), the event times this backfill reads: "
+                        "its views' rows of the range are empty", source_name, format_epoch_ms(lo),
+                        format_epoch_ms(hi))
+        total += count
     return total
 
 

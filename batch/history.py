@@ -18,18 +18,15 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from batch.backfill_log import BackfillLog
+from batch.input_schema import SourceNeeds, check_history
 from batch.tile_export import TileJob, export_tiles
 from common.flink import create_table_env
-from common.instants import from_epoch_ms
+from common.instants import format_epoch_ms, from_epoch_ms
 from dsl.compile_flink import CompiledView, source_path
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
 
 log = logging.getLogger(__name__)
-
-
-def _utc(ms: int) -> str:
-    return from_epoch_ms(ms).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 class ParquetHistory:
@@ -43,6 +40,7 @@ class ParquetHistory:
         self.project = project
         self.jobmanager = jobmanager
         self.parallelism = parallelism
+        self._warned: set[str] = set()
 
     def history_end(self, source: EventSource) -> Optional[int]:
         """The greatest event time in the source's Parquet history, or None when it has none."""
@@ -59,6 +57,7 @@ class ParquetHistory:
     def cutovers(self, sources: Sequence[EventSource], now_ms: int) -> dict[str, int]:
         """Per source with history: one past its last event, at most `now_ms`; sources without history are left
         out (their streams count every Kafka event they read), with a warning."""
+        self._check([SourceNeeds.event_time(s) for s in sources])
         out = {}
         for source in sources:
             end = self.history_end(source)
@@ -70,7 +69,7 @@ class ParquetHistory:
                 continue
             if end >= now_ms:
                 log.warning("source `%s` has history up to %s, after now: the stream counts Kafka events from now "
-                            "on and takes the rest from the history", source.name, _utc(end))
+                            "on and takes the rest from the history", source.name, format_epoch_ms(end))
             out[source.name] = min(end + 1, now_ms)
         return out
 
@@ -87,10 +86,19 @@ class ParquetHistory:
             jobs.append(TileJob(view, compiled, first, cutover))
         if not jobs:
             return {}
+        self._check(SourceNeeds.of_views([job.view for job in jobs]))
         env = create_table_env(streaming=False, parallelism=self.parallelism, jobmanager=self.jobmanager)
         folders = export_tiles(env, jobs, folder)
         self._warn_gaps(jobs)
         return folders
+
+    def _check(self, needs: list[SourceNeeds]) -> None:
+        """The history's files against what is read of them (`batch.input_schema`); each warning is shown once,
+        though the cutovers and the export both check the event times."""
+        for warning in check_history(needs, self.data_dir, require_rows=False).warnings:
+            if warning not in self._warned:
+                self._warned.add(warning)
+                log.warning(warning)
 
     def _warn_gaps(self, jobs: list[TileJob]) -> None:
         """Say which parts of the history before a cutover no backfill computed: the stream is right without

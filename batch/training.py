@@ -27,6 +27,11 @@ from dsl.feature_view import FeatureView
 from dsl.repo import Repository
 
 
+# Epoch milliseconds of the calendar's ends (0001-01-01 and 9999-12-31T23:59:59.999, UTC): a request time past
+# them is in another unit or garbage, and no instant can be made of it.
+CALENDAR_MS = (-62_135_596_800_000, 253_402_300_799_999)
+
+
 class TrainingSetError(FeaturectlError, ValueError):
     """A training set cannot be built as asked; the message says why and what to do."""
 
@@ -92,10 +97,17 @@ def request_times_ms(entities: pa.Table, column: str) -> np.ndarray:
     if values.null_count:
         raise TrainingSetError(f"`{column}` has {values.null_count} empty values: every row needs a time")
     if pa.types.is_timestamp(values.type):
-        return pc.cast(values, pa.timestamp("ms", values.type.tz), safe=False).cast(pa.int64()).to_numpy()
-    if pa.types.is_integer(values.type):
-        return values.cast(pa.int64()).to_numpy()
-    raise TrainingSetError(f"`{column}` is {values.type}: give timestamps or epoch milliseconds (integers)")
+        times = pc.cast(values, pa.timestamp("ms", values.type.tz), safe=False).cast(pa.int64()).to_numpy()
+    elif pa.types.is_integer(values.type):
+        times = values.cast(pa.int64()).to_numpy()
+    else:
+        raise TrainingSetError(f"`{column}` is {values.type}: give timestamps or epoch milliseconds (integers)")
+    outside = times[(times < CALENDAR_MS[0]) | (times > CALENDAR_MS[1])]
+    if len(outside):
+        raise TrainingSetError(f"`{column}` has {len(outside):,} values outside the calendar (years 1 to 9999), e.g. "
+                               f"{outside[0]} ms since the epoch: give epoch milliseconds (seconds x 1000, "
+                               "microseconds / 1000)")
+    return times
 
 
 def _output_names(wanted: list[tuple[FeatureView, list[str]]], full: bool) -> dict[tuple[str, str], str]:

@@ -10,7 +10,7 @@ import click
 from tqdm import tqdm
 
 from common.config import ProjectConfig
-from common.instants import from_epoch_ms
+from common.instants import from_epoch_ms, shifted
 from featurectl.params import INSTANT
 
 
@@ -80,7 +80,13 @@ def read_entities(path: Path):
         raise click.BadParameter(f"{path} is neither .parquet nor .csv", param_hint="--entities")
     frame = pd.read_csv(path, dtype_backend="pyarrow")
     if EVENT_TIMESTAMP in frame and not pd.api.types.is_integer_dtype(frame[EVENT_TIMESTAMP]):
-        frame[EVENT_TIMESTAMP] = pd.to_datetime(frame[EVENT_TIMESTAMP], utc=True, format="ISO8601")
+        try:
+            frame[EVENT_TIMESTAMP] = pd.to_datetime(frame[EVENT_TIMESTAMP], utc=True, format="ISO8601")
+        except ValueError as exc:  # not a time, or past pandas' years 1677 to 2262
+            reason = str(exc).splitlines()[0].removesuffix(" You might want to try:")
+            raise click.BadParameter(f"{path}: `{EVENT_TIMESTAMP}` holds a value that is not a time pandas can "
+                                     f"read ({reason}): write ISO 8601 times from 1677 to 2262, or epoch "
+                                     "milliseconds", param_hint="--entities") from None
     return pa.Table.from_pandas(frame, preserve_index=False)
 
 
@@ -92,7 +98,8 @@ def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
     backfill_log = BackfillLog(cfg.registry_url)
     try:
         for view in views:
-            gaps = backfill_log.gaps(cfg.project, view.name, first - view.ttl, last + dt.timedelta(milliseconds=1))
+            gaps = backfill_log.gaps(cfg.project, view.name, shifted(first, -view.ttl, "the first row's time - ttl"),
+                                     shifted(last, dt.timedelta(milliseconds=1), "the last row's time"))
             if gaps:
                 spans = ", ".join(f"[{a.isoformat()}, {b.isoformat()})" for a, b in gaps[:3])
                 click.secho(f"warning: `{view.name}` was never backfilled over {spans}"

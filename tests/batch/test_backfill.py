@@ -20,8 +20,10 @@ from backfill_history import (CATALOG_CHANGE_MS, HOUR_MS, T0_MS, T1_MS, backfill
                               example_repo_copy, utc)
 from batch.backfill import BackfillError, BackfillTarget, backfill
 from batch.backfill_log import BackfillLog, BackfillRecord, backfills
+from batch.input_schema import InputSchemaError
 from batch.windows import offline_schema
 from cli_helpers import ROOT, featurectl
+from common.instants import InstantError
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
@@ -190,9 +192,9 @@ def test_cli_backfill_shows_progress_and_a_summary(example_repo, backfilled, tmp
 def test_backfill_errors_say_what_to_do(example_repo, tmp_path):
     target = BackfillTarget(tmp_path / "empty", f"sqlite:///{tmp_path / 'registry.db'}", "assets")
     day = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    with pytest.raises(BackfillError, match="no history at .*featurectl datagen history"):
+    with pytest.raises(InputSchemaError, match="source `asset_catalog` has no history at .*featurectl datagen history"):
         backfill(example_repo.views, day, day + dt.timedelta(days=1), target)
-    with pytest.raises(BackfillError, match="empty range"):
+    with pytest.raises(InstantError, match="empty range: start 2026-01-01T00:00:00[+]00:00 is the same instant as end"):
         backfill(example_repo.views, day, day, target)
     with pytest.raises(BackfillError, match="no time zone"):
         backfill(example_repo.views, day.replace(tzinfo=None), day + dt.timedelta(days=1), target)

@@ -225,3 +225,78 @@ def test_interrupted_materialization_rerun_equals_one_clean_run(tmp_path, local_
         dumps.append(_dump(client, project))
         _cleanup(client, project)
     assert len(dumps[0]) == 30_000 and dumps[0] == dumps[1]
+
+
+def test_a_far_future_end_needs_force_and_incremental_runs_go_on(tmp_path, local_services):
+    """A recorded end past now + 1 day (only with --force) is passed over by materialize-incremental, which would
+    otherwise start from it and read nothing for ever; an incremental run past END has nothing to do."""
+    view = load_repo(ROOT / "feature_repo").view(VIEW)
+    table = _offline_table(view, n_entities=40, rows_per_entity=3, seed=5)
+    project = f"mat_future_{uuid.uuid4().hex[:8]}"
+    repo = _make_repo(tmp_path, project)
+    _write_offline(table, offline_table_path(tmp_path / "data", view))
+    _apply(repo)
+    start = (NOW - dt.timedelta(days=1)).isoformat()
+
+    def run(*args: str):
+        return featurectl("--repo", str(repo), *args, "--view", VIEW)
+
+    refused = run("materialize", start, "9999-12-31T23:59:59")
+    assert refused.returncode == 1 and "is more than 1 day after now" in refused.stderr, refused.stderr
+    assert "or pass --force" in refused.stderr and "Traceback" not in refused.stderr
+    assert run("materialize", start, "9999-12-31T23:59:59", "--force").returncode == 0
+    incremental = run("materialize-incremental", NOW.isoformat())
+    assert incremental.returncode == 0, incremental.stderr
+    assert f"warning: `{VIEW}` was materialized up to 9999-12-31T23:59:59+00:00" in incremental.stderr
+    assert f": {table.num_rows} rows read" in incremental.stdout, incremental.stdout
+    behind = run("materialize-incremental", (NOW - dt.timedelta(hours=1)).isoformat())
+    assert behind.returncode == 0 and "nothing to do" in behind.stdout, behind.stdout + behind.stderr
+    _cleanup(redis.Redis(*local_services.redis_host_port), project)
+
+
+def _fault_env():
+    """`tests/reliability/fault_env.py`, whose private services run on free ports: stopping one of them never
+    touches the shared Redis."""
+    import importlib.util
+    import sys
+
+    if "fault_env" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("fault_env", ROOT / "tests" / "reliability" / "fault_env.py")
+        sys.modules["fault_env"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["fault_env"])
+    return sys.modules["fault_env"]
+
+
+def test_redis_stopped_during_materialize_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    view = load_repo(ROOT / "feature_repo").view(VIEW)
+    table = _offline_table(view, n_entities=60_000, rows_per_entity=1, seed=29)
+    services = _fault_env().PrivateServices(tmp_path / "services")
+    try:
+        services.redis.up()
+        repo = copy_example_repo(tmp_path, "mat_stopped", {"path": f"sqlite:///{tmp_path / 'registry.db'}"},
+                                 {"type": "redis", "connection_string": f"127.0.0.1:{services.redis_port}"},
+                                 data_dir=tmp_path / "data")
+        _write_offline(table, offline_table_path(tmp_path / "data", view))
+        _apply(repo)
+        client = redis.Redis("127.0.0.1", services.redis_port)
+        with (tmp_path / "stderr").open("w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(repo), "materialize",
+                                     (NOW - dt.timedelta(days=1)).isoformat(), NOW.isoformat(), "--view", VIEW],
+                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 120
+        while client.dbsize() == 0 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        written = client.dbsize()
+        services.kill(services.redis)
+        proc.wait(120)
+    finally:
+        services.down()
+    assert 0 < written < table.num_rows, "Redis did not stop during the writes"
+    stderr = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and f"cannot reach redis at 127.0.0.1:{services.redis_port}" in errors[0], stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from cli_helpers import copy_example_repo, featurectl
+from cli_helpers import copy_example_repo, featurectl, register_repo
 
 
 def _one_line_error(done, *fragments: str) -> None:
@@ -46,3 +46,31 @@ def test_a_bad_instant_is_a_usage_error_with_the_rule(tmp_path):
         done = featurectl("--repo", str(repo), *args)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "is not a date or time" in done.stderr and "UTC unless an offset is given" in done.stderr
+
+
+def test_materialize_refuses_an_empty_range_and_a_far_future_end(tmp_path):
+    repo = copy_example_repo(tmp_path, "errs_range", {"path": f"sqlite:///{tmp_path / 'registry.db'}"})
+    _one_line_error(featurectl("--repo", str(repo), "materialize", "2026-01-02", "2026-01-01"),
+                    "empty range: START 2026-01-02T00:00:00+00:00 is after END 2026-01-01T00:00:00+00:00")
+    for args in (("materialize", "2026-11-30", "9999-12-31T23:59:59"), ("materialize-incremental", "9999-12-31")):
+        _one_line_error(featurectl("--repo", str(repo), *args), "END: 9999-12-31", "is more than 1 day after now",
+                        "or pass --force")
+
+
+def test_materialize_an_unknown_or_unregistered_view_is_one_line(tmp_path):
+    repo = copy_example_repo(tmp_path, "errs_views", {"path": f"sqlite:///{tmp_path / 'registry.db'}"})
+    done = featurectl("--repo", str(repo), "materialize", "2026-01-01", "2026-01-02", "--view", "nope")
+    _one_line_error(done, "feature view `nope`", "defined views: asset_activity, asset_attributes, user_activity")
+    done = featurectl("--repo", str(repo), "materialize", "2026-01-01", "2026-01-02", "--view", "asset_activity")
+    _one_line_error(done, "feature view `asset_activity` is not in the registry", "run `featurectl apply`")
+
+
+def test_instants_past_the_calendar_are_one_line(tmp_path):
+    repo = copy_example_repo(tmp_path, "errs_calendar", {"path": f"sqlite:///{tmp_path / 'registry.db'}"})
+    for end, reason in (("9999-12-31T23:59:59-01:00", "outside the calendar (years 1 to 9999) once in UTC"),
+                        ("10000-01-01", "is not a date or time")):
+        done = featurectl("--repo", str(repo), "materialize", "2026-01-01", end)
+        assert done.returncode == 2 and "Traceback" not in done.stderr and reason in done.stderr, done.stderr
+    register_repo(repo)
+    done = featurectl("--repo", str(repo), "materialize-incremental", "0001-01-01", "--view", "asset_activity")
+    _one_line_error(done, "END - the ttl of `asset_activity`", "is outside the calendar (years 1 to 9999)")

@@ -109,15 +109,18 @@ class ClusterWrites:
         routes: dict[tuple[Address, bool], list[int]] = {}
         for i, slot in enumerate(slots):
             routes.setdefault((owner[slot], False), []).append(i)
-        deadline, pause = time.monotonic() + self.retry_s, _FIRST_PAUSE_S
+        began = time.monotonic()
+        pause, failed = _FIRST_PAUSE_S, False
         while routes:
             again, failure = self._round(routes, commands, replies)
             if not again:
                 break
             if failure is not None:  # a node away or the cluster failing over: give it a moment
-                if time.monotonic() > deadline:
+                if time.monotonic() > began + self.retry_s:
                     raise _gave_up(self.retry_s, failure)
-                log.warning("redis cluster: %s; retrying %d writes", failure, len(again))
+                (log.debug if failed else log.warning)("redis cluster: %s; retrying %d writes for up to %.0f s",
+                                                       failure, len(again), self.retry_s)
+                failed = True
                 time.sleep(pause)
                 pause = min(2 * pause, _LONGEST_PAUSE_S)
             if any(asked is None for _, asked in again):
@@ -125,6 +128,8 @@ class ClusterWrites:
             routes = {}
             for i, asked in again:
                 routes.setdefault((asked, True) if asked else (self.redis.slots.owner[slots[i]], False), []).append(i)
+        if failed:
+            log.warning("redis cluster: writes carried on after %.1f s", time.monotonic() - began)
         return replies
 
     def _reload(self) -> None:
@@ -142,7 +147,9 @@ class ClusterWrites:
         sent = []
         for (address, asking), positions in routes.items():
             head = [self.script] if address in self._unloaded else []
-            body = [c for i in positions for c in (_ASKING, commands[i])] if asking else [commands[i] for i in positions]
+            body = [commands[i] for i in positions]
+            if asking:  # the node named by ASK serves an importing slot only to a command after ASKING
+                body = [c for command in body for c in (_ASKING, command)]
             tail = [_WAIT] if self.redis.slots.replicas.get(address) else []
             node = self.redis.node(address)
             try:

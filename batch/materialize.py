@@ -6,8 +6,9 @@ and the interval is recorded on the feature view in the registry. Differences ar
 - keys, values and the RESP bytes of every HSET are built column by column by Arrow and numpy
   (`redis_store.columns`), never row by row in Python nor through protobuf objects;
 - a key that does not exist yet is created whole by one RESTORE of a prebuilt hash (`redis_store.dump`);
-  the others are written check-and-set with WATCH/MULTI/EXEC (`batch.redis_writer`), so an older row never
-  overwrites a newer one, also against a concurrent streaming writer;
+  the others are written check-and-set with WATCH/MULTI/EXEC (`batch.redis_writer`), or on a Redis Cluster by
+  a guarded script per key (`batch.cluster_writer`), so an older row never overwrites a newer one, also against
+  a concurrent streaming writer;
 - encoding and Redis round trips overlap: two threads encode batches while the writer's threads send.
 """
 
@@ -27,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from batch.redis_writer import CHECKED_ROWS, CheckedChunkWriter, RowCommands
+from batch.cluster_writer import ClusterChunkWriter
+from batch.redis_writer import CheckedChunkWriter, RowCommands
 from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
@@ -119,14 +121,14 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
     send; at most that many batches are in flight, so memory stays flat."""
     stats = MaterializeStats(view.name)
     started = time.perf_counter()
-    writer = CheckedChunkWriter(settings)
+    writer = ClusterChunkWriter(settings) if settings.cluster else CheckedChunkWriter(settings)
     limits = writer.listpack_limits
 
     def encode_and_send(batch: pa.RecordBatch) -> int:
         latest = latest_per_entity(batch, list(view.entity.join_keys))
         if latest.num_rows:
             rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None, key_ttl_s)
-            chunk = RESTORE_ROWS if rows.restores is not None else CHECKED_ROWS
+            chunk = RESTORE_ROWS if rows.restores is not None else writer.checked_rows
             for lo in range(0, len(rows), chunk):
                 writer.send(rows.slice(lo, chunk))
         return batch.num_rows

@@ -79,12 +79,19 @@ class RowCommands:
         """The HSET of every row, each followed by its EXPIRE when keys have a ttl."""
         if self.hsets is not None:
             return self.hsets
-        values = [v.binary() if isinstance(v, columns.BoundedValues) else v for v in self.values]
-        hsets = columns.hset_commands(self.key_bulks, self.fields, values)
+        hsets = columns.hset_commands(self.key_bulks, self.fields, self.binary_values())
         if not self.key_ttl_s:
             return hsets
         return pc.binary_join_element_wise(hsets, columns.expire_commands(self.key_bulks, self.key_ttl_s),
                                            pa.scalar(b"", pa.binary()))
+
+    def binary_values(self) -> list[pa.BinaryArray]:
+        """The values as Arrow columns (one per field)."""
+        return [v.binary() if isinstance(v, columns.BoundedValues) else v for v in self.values]
+
+    def keys(self) -> list[bytes]:
+        """The rows' keys as bytes (for a cluster's slots)."""
+        return [bulk[bulk.index(b"\r\n") + 2:-2] for bulk in self.key_bulks.to_pylist()]
 
     def with_writes(self) -> "RowCommands":
         """The same rows with their HSETs built in one go (cheaper than chunk by chunk)."""
@@ -118,11 +125,12 @@ class RedisWriteError(FeaturectlError, RuntimeError):
     """Redis refused a write, or kept changing the keys of a chunk; the message says which and what to do."""
 
 
-class CheckedChunkWriter:
-    """Writes chunks of RowCommands from background threads; `close` returns the rows written.
+class ChunkWriter:
+    """Writes chunks of RowCommands from background threads; `close` returns the rows written. Subclasses say how
+    a thread writes (`_work`) and which server's listpack limits the RESTOREs follow; counting, the queue and the
+    choice to send RESTOREs are shared."""
 
-    Several connections work at once so that Redis never waits on one chunk's round trips; rows of one entity in
-    chunks handled by different connections stay correct because RESTORE and each checked chunk are atomic."""
+    checked_rows = CHECKED_ROWS  # rows per chunk when a batch comes without RESTOREs
 
     def __init__(self, settings: RedisSettings, connections: int = 3, depth: int = 64):
         self.pending: "queue.Queue[Optional[RowCommands]]" = queue.Queue(maxsize=depth)
@@ -131,7 +139,6 @@ class CheckedChunkWriter:
         self.restore_refused: Optional[str] = None
         self._found_share = 0.0  # recent share of RESTOREs whose key already existed
         self._asked = 0
-        self.address = settings.single_node("materialization (transactions over chunks of keys)")
         self.settings = settings.for_bulk_writes()
         self.listpack_limits = self._listpack_limits()
         self._lock = threading.Lock()
@@ -143,11 +150,11 @@ class CheckedChunkWriter:
 
     def _listpack_limits(self) -> Optional[tuple[int, int]]:
         """The server's limits on the hashes RESTORE may create (`redis_store.dump.listpack_limits`)."""
-        node = SyncNode(self.settings, self.address)
-        try:
-            return dump.listpack_limits(node)
-        finally:
-            node.close()
+        raise NotImplementedError
+
+    def _work(self) -> None:
+        """A writer thread: take rows from the queue (`_queued`) until it gives None, and write them."""
+        raise NotImplementedError
 
     def wants_restores(self) -> bool:
         """Whether the next batch should come with RESTOREs: yes while most keys turn out new (a first
@@ -171,18 +178,11 @@ class CheckedChunkWriter:
 
     def _run(self) -> None:
         self._ended.flag = False
-        where = f"{self.address[0]}:{self.address[1]}"
-        conn = None
         try:
-            conn = Connection(self.settings, self.address)
-            self._pipeline(conn)
-        except OSError as exc:  # surfaced to the caller by send() or close()
-            self.error = unavailable(where, exc, self.settings.timeout_s)
-        except BaseException as exc:
+            self._work()
+        except BaseException as exc:  # surfaced to the caller by send() or close()
             self.error = exc
         finally:
-            if conn is not None:
-                conn.close()
             while not self._ended.flag:  # wait for this thread's end marker, so that close() never blocks
                 self._queued()
 
@@ -190,6 +190,60 @@ class CheckedChunkWriter:
         rows = self.pending.get()
         self._ended.flag = rows is None
         return rows
+
+    def _count(self, written: int, skipped: int, retries: int) -> None:
+        with self._lock:
+            self.written += written
+            self.skipped_older += skipped
+            self.retries += retries
+
+    def _tally_restores(self, replies: Optional[list], count: int) -> np.ndarray:
+        """Which of `count` RESTOREs created their key (`replies` None: all of them). A RESTORE refused for another
+        reason than an existing key (an ACL, a server that cannot load the payload) turns RESTOREs off for the
+        rest of the run; those rows are written the checked way."""
+        if replies is None:
+            created, refused = np.ones(count, dtype=bool), []
+        else:
+            created = np.array([reply == b"OK" for reply in replies], dtype=bool)
+            refused = [r for r in replies if isinstance(r, hiredis.ReplyError) and not str(r).startswith("BUSYKEY")]
+        with self._lock:
+            self.restored += int(created.sum())
+            self._found_share = 0.5 * self._found_share + 0.5 * (1 - created.mean())
+            if refused and self.restore_refused is None:
+                self.restore_refused = str(refused[0])
+                log.warning("Redis refused RESTORE (%s): writing every row with HSET from now on", refused[0])
+        self._count(int(created.sum()), 0, 0)
+        return created
+
+
+class CheckedChunkWriter(ChunkWriter):
+    """Materialization into one Redis node: RESTOREs, then WATCH/MULTI/EXEC transactions of CHECKED_ROWS keys.
+
+    Several connections work at once so that Redis never waits on one chunk's round trips; rows of one entity in
+    chunks handled by different connections stay correct because RESTORE and each checked chunk are atomic."""
+
+    def __init__(self, settings: RedisSettings, connections: int = 3, depth: int = 64):
+        self.address = settings.single_node("materialization with transactions over chunks of keys "
+                                            "(batch.cluster_writer writes to a cluster)")
+        super().__init__(settings, connections, depth)
+
+    def _listpack_limits(self) -> Optional[tuple[int, int]]:
+        node = SyncNode(self.settings, self.address)
+        try:
+            return dump.listpack_limits(node)
+        finally:
+            node.close()
+
+    def _work(self) -> None:
+        conn = None
+        try:
+            conn = Connection(self.settings, self.address)
+            self._pipeline(conn)
+        except OSError as exc:
+            raise unavailable(f"{self.address[0]}:{self.address[1]}", exc, self.settings.timeout_s) from exc
+        finally:
+            if conn is not None:
+                conn.close()
 
     def _pipeline(self, channel: Connection) -> None:
         """One round trip per chunk: the previous chunk's MULTI/HSET/EXEC, then this chunk's WATCH and HGETs
@@ -232,36 +286,17 @@ class CheckedChunkWriter:
 
     def _restore(self, channel: Connection, rows: RowCommands) -> Optional[RowCommands]:
         """RESTORE the restorable rows; what remains (keys that existed, rows that cannot be restored) is returned
-        for the checked path, None when nothing does. A RESTORE refused for any other reason (an ACL, a server
-        that cannot load the payload) turns RESTOREs off for the rest of the run; those rows are written the
-        checked way too."""
+        for the checked path, None when nothing does."""
         chosen = np.flatnonzero(rows.restorable)
         if len(chosen) == 0:
             return rows
         commands = rows.restores if len(chosen) == len(rows) else rows.restores.take(pa.array(chosen))
         replies = _round_trip(channel, [columns.command_bytes(commands, 0, len(commands))], len(chosen),
-                                     refusals=True, all_ok=True)
-        if replies is None:  # every key created
-            created, refused = np.ones(len(chosen), dtype=bool), []
-        else:
-            created = np.array([reply == b"OK" for reply in replies], dtype=bool)
-            refused = [r for r in replies if isinstance(r, hiredis.ReplyError) and not str(r).startswith("BUSYKEY")]
-        with self._lock:
-            self.restored += int(created.sum())
-            self._found_share = 0.5 * self._found_share + 0.5 * (1 - created.mean())
-            if refused and self.restore_refused is None:
-                self.restore_refused = str(refused[0])
-                log.warning("Redis refused RESTORE (%s): writing every row with HSET from now on", refused[0])
-        self._count(int(created.sum()), 0, 0)
+                              refusals=True, all_ok=True)
+        created = self._tally_restores(replies, len(chosen))
         remaining = np.ones(len(rows), dtype=bool)
         remaining[chosen[created]] = False
         return rows.take(np.flatnonzero(remaining)) if remaining.any() else None
-
-    def _count(self, written: int, skipped: int, retries: int) -> None:
-        with self._lock:
-            self.written += written
-            self.skipped_older += skipped
-            self.retries += retries
 
     def _write(self, channel: Connection, rows: RowCommands) -> tuple[int, int, int]:
         """One chunk alone, checked and written until no concurrent write interferes: (rows written, rows

@@ -140,8 +140,9 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
         history = ParquetHistory(cfg.data_dir, cfg.registry_url, cfg.project, jobmanager=target.jobmanager,
                                  parallelism=settings.parallelism)
         runner = StreamRunner(target, views, all_views, settings, history, reset)
+        redis_at = ",".join(f"{host}:{port}" for host, port in target.redis.nodes)
         click.echo(f"stream {runner.plan.name}: {', '.join(v.view.name for v in runner.plan.views)} -> Redis "
-                   f"{':'.join(map(str, cfg.redis_host_port))}; status: featurectl stream --status")
+                   f"{'cluster ' if target.redis.cluster else ''}{redis_at}; status: featurectl stream --status")
         runner.run(stop)
     except KafkaException as exc:
         raise click.ClickException(f"Kafka at {cfg.platform.kafka.bootstrap_servers}: {exc}; is it up? "

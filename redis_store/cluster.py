@@ -1,9 +1,10 @@
 """Redis Cluster: each key goes to the node owning its hash slot; all nodes are written before any is read, so a
 request costs one round trip per node in parallel, never one per key.
 
-The slot map comes from `CLUSTER SLOTS` and is reloaded when a node answers MOVED or ASK (resharding, failover);
-the request is then sent again (HMGET is idempotent). Routing and merging are shared by the sync and the async
-cluster; only the I/O differs.
+The slot map comes from `CLUSTER SLOTS` and is reloaded when a node answers MOVED or ASK (resharding), or cannot
+be reached (a master killed, its replica promoted); the request is then sent again (HMGET is idempotent). Routing
+and merging are shared by the sync and the async cluster; only the I/O differs. Writers route through
+`redis_store.writes`, which uses the sync cluster's nodes and slot map.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ _SLOTS = 16384
 
 
 class SlotMap:
-    """Hash slot -> (host, port) of the master serving it."""
+    """Hash slot -> (host, port) of the master serving it; how many replicas each master has."""
 
     def __init__(self, reply: list):
         self.owner: list = [None] * _SLOTS
-        for start, end, master, *_ in reply:
+        self.replicas: dict[tuple[str, int], int] = {}
+        for start, end, master, *replicas in reply:
             address = (master[0].decode(), int(master[1]))
             self.owner[start:end + 1] = [address] * (end - start + 1)
+            self.replicas[address] = len(replicas)  # CLUSTER SLOTS leaves out replicas marked failed
         if None in self.owner:
             raise RedisUnavailableError("the redis cluster does not cover all 16384 hash slots (CLUSTERDOWN?); "
                                         "check `redis-cli cluster info`")
@@ -71,42 +74,61 @@ class SyncCluster:
         self._nodes: dict[tuple[str, int], SyncNode] = {}
         self.slots = self._load_slots()
 
-    def _node(self, address: tuple[str, int]) -> SyncNode:
+    def node(self, address: tuple[str, int]) -> SyncNode:
         node = self._nodes.get(address)
         if node is None:
             node = self._nodes[address] = SyncNode(self.settings, address)
         return node
 
+    def reload(self) -> None:
+        """Ask the nodes for the slot map again (after MOVED, or a master that went away)."""
+        self.slots = self._load_slots()
+
     def _load_slots(self) -> SlotMap:
         error: Exception = RedisUnavailableError("no cluster node configured")
         for address in [*self._nodes, *self.settings.nodes]:
             try:
-                return SlotMap(check_replies(self._node(address).execute([CLUSTER_SLOTS]), str(address))[0])
+                return SlotMap(check_replies(self.node(address).execute([CLUSTER_SLOTS]), str(address))[0])
             except RedisUnavailableError as exc:
                 error = exc
         raise error
 
     def read(self, keys: list[bytes], commands: list[bytes]) -> list:
-        for _ in range(_ATTEMPTS):
-            parts = [(self._node(a), idx, cmds) for a, idx, cmds in self.slots.split(keys, commands)]
-            pending = [(node, idx, node.send(cmds), len(cmds)) for node, idx, cmds in parts]
+        for attempt in range(_ATTEMPTS):
             received, failure = [], None
+            pending = []
+            for address, idx, cmds in self.slots.split(keys, commands):
+                node = self.node(address)
+                try:
+                    pending.append((node, idx, node.send(cmds), len(cmds)))
+                except RedisUnavailableError as exc:
+                    failure = exc
             for node, idx, sent, count in pending:  # read every node even if one fails: no connection left dirty
                 try:
                     received.append((idx, node.receive(sent, count)))
                 except RedisUnavailableError as exc:
                     failure = exc
-            if failure is not None:
-                raise failure
+            if failure is not None:  # a master gone: its replica may serve its slots now
+                if attempt == _ATTEMPTS - 1:
+                    raise failure
+                self.slots = self._reload_or_raise(failure)
+                continue
             replies, redirected = _merge(len(commands), received)
             if not redirected:
                 return check_replies(replies, "redis cluster")
             self.slots = self._load_slots()
         raise _redirect_error(self.settings)
 
+    def _reload_or_raise(self, failure: RedisUnavailableError) -> SlotMap:
+        """The slot map again; when it still names the same masters, the read's own failure is the answer."""
+        slots = self._load_slots()
+        if slots.owner == self.slots.owner:
+            raise failure
+        return slots
+
     def ping(self) -> None:
         for address in self.slots.masters:
-            self._node(address).ping()
+            self.node(address).ping()
 
     def close(self) -> None:
         for node in self._nodes.values():
@@ -135,11 +157,18 @@ class AsyncCluster:
         raise error
 
     async def read(self, keys: list[bytes], commands: list[bytes]) -> list:
-        for _ in range(_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             if self.slots is None:
                 self.slots = await self._load_slots()
             parts = self.slots.split(keys, commands)
-            results = await asyncio.gather(*(self._node(a).execute(cmds) for a, _, cmds in parts))
+            results = await asyncio.gather(*(self._node(a).execute(cmds) for a, _, cmds in parts),
+                                           return_exceptions=True)
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:  # a master gone: reload the slot map, its replica may serve its slots now
+                if attempt == _ATTEMPTS - 1 or not isinstance(failure, RedisUnavailableError):
+                    raise failure
+                self.slots = None
+                continue
             replies, redirected = _merge(len(commands), ((idx, r) for (_, idx, _), r in zip(parts, results)))
             if not redirected:
                 return check_replies(replies, "redis cluster")

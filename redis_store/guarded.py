@@ -1,7 +1,9 @@
 """The guarded write: a key's fields are set only when its stored `_ts:{view}` is not newer than the writer's, so a
 replay after a restart, or a slower writer, never moves a value back in time. One Lua script (it reads the
 protobuf Timestamp itself, with the layout's field tags), one EVALSHA per block of keys; a refused key is
-reported with the `_ts` it holds, so the writer can write it again once its clock gets there.
+reported with the `_ts` it holds, so the writer can write it again once its clock gets there. On a Redis Cluster
+a block holds keys of one hash slot; materialization there sends one key per EVALSHA (`row_commands`, built
+column by column like its HSETs).
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from itertools import chain
 from typing import Sequence
 
 import hiredis
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from redis_store import layout
+from redis_store import columns, layout
 
 BLOCK = 128  # keys per EVALSHA
 
@@ -75,14 +80,25 @@ def commands(keys: Sequence[bytes], ts_ms: int, ts_field: bytes, fields: Sequenc
     return out
 
 
-def refused(replies: Sequence[list]) -> list[tuple[int, int]]:
-    """(position among the keys given to `commands`, the `_ts` Redis holds) of every key the writes refused."""
+def row_commands(key_bulks: pa.BinaryArray, at_most_ms: np.ndarray, fields: Sequence[bytes],
+                 values: Sequence[pa.BinaryArray], key_ttl_s: int = 0) -> pa.BinaryArray:
+    """One EVALSHA per row, on its key alone (keys as `columns.bulk(keys)`): the hash {fields[i]: values[i][row]}
+    is written when the stored `_ts` (`fields[-1]`, its value `values[-1]`) is at most `at_most_ms[row]`."""
+    pairs = len(fields)
+    head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (7 + 2 * pairs, SHA.encode())
+    limits = columns.bulk(pc.cast(pa.array(at_most_ms, pa.int64()), pa.string()).cast(pa.binary()))
+    parts: list = [pa.scalar(head, pa.binary()), key_bulks, columns.bulk_constant(b"%d" % pairs),
+                   columns.bulk_constant(b"%d" % key_ttl_s), limits, columns.bulk_constant(fields[-1]),
+                   columns.bulk(values[-1])]
+    for field, column in zip(fields[:-1], values[:-1]):
+        parts += [columns.bulk_constant(field), columns.bulk(column)]
+    return pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary()))
+
+
+def refused(replies: Sequence[list], positions: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """(position of the key, the `_ts` Redis holds) of every key the writes refused; `positions[c]`: the positions
+    of the keys of command c, in order."""
     out = []
-    for block, reply in enumerate(replies):
-        out += [(block * BLOCK + reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
+    for where, reply in zip(positions, replies):
+        out += [(where[reply[i]], reply[i + 1]) for i in range(0, len(reply), 2)]
     return out
-
-
-def missing_script(reply: object) -> bool:
-    """Redis restarted without our script: load it (same sha) and write again."""
-    return isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT")

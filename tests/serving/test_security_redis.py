@@ -14,7 +14,8 @@ from pathlib import Path
 import hiredis
 import pytest
 import yaml
-from serving_env import feast_rows, feature_server, free_port, get, make_repo, post
+from cli_helpers import free_port
+from serving_env import feast_rows, feature_server, get, make_repo, post
 
 from common.config import load_config
 from redis_store.errors import RedisConfigError, RedisReplyError, RedisUnavailableError

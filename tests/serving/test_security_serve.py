@@ -15,7 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from serving_env import RedisServer, feast_rows, feature_server, free_port, make_repo
+from cli_helpers import free_port
+from redis_env import RedisServer
+from serving_env import feast_rows, feature_server, make_repo
 
 from cli_helpers import featurectl
 from common.config import load_config

@@ -9,7 +9,8 @@ import os
 
 import pytest
 from redis.crc import key_slot
-from serving_env import feast_rows, make_repo, redis_cluster
+from redis_env import redis_cluster
+from serving_env import feast_rows, make_repo
 
 from redis_store.cluster import SlotMap
 from serving.client import AsyncOnlineClient, OnlineClient

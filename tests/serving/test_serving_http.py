@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from serving_env import RedisServer, feast_rows, feature_server, free_port, get, make_repo, post
+from cli_helpers import free_port
+from redis_env import RedisServer
+from serving_env import feast_rows, feature_server, get, make_repo, post
 
 pytestmark = pytest.mark.integration
 

@@ -10,24 +10,18 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, Float64, String, Timestamp
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
 from redis_env import redis_cluster
 from redis_store import layout
 from redis_store.cluster import SlotMap
 from redis_store.settings import RedisSettings
+from sink_view import VIEW, T
 from streaming.redis_sink import RedisSink
 from streaming.windows import ViewLayout
 
 pytestmark = pytest.mark.integration
 
-EVENTS = EventSource("orders", {"shop": String, "price": Float64, "kind": String, "ts": Timestamp},
-                     timestamp_field="ts", kafka_topic="orders", path="orders")
-VIEW = FeatureView("shop_orders", Entity("shop", join_keys={"shop": String}), EVENTS, tile="1m", ttl="1h",
-                   features=[Aggregation("sum", "price", windows=["10m"], name="revenue"),
-                             Attribute("kind", name="last_kind")])
-T = 1_767_225_600_000
 PROJECT = "sinkcluster"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 # Metrics where a smaller number is better: their ratio is peer / ours; for every other metric it is ours / peer.
-LOWER_IS_BETTER_SUFFIXES = ("_ms", "_s", "_mb", "_errors", "errors", "_pct")
+LOWER_IS_BETTER_SUFFIXES = ("_ms", "_us", "_s", "_mb", "_errors", "errors", "_pct")
 
 
 def _lower_is_better(metric: str) -> bool:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import click
 import numpy as np
@@ -41,19 +42,22 @@ view = FeatureView("{VIEW}", asset, source, tile="1h", ttl="365d",
 '''
 
 
-def _write_repo(folder: Path, project: str) -> Path:
+def write_repo(folder: Path, project: str, online_store: Optional[dict] = None) -> Path:
+    """The benchmark's repo under `folder`; `online_store`: Feast's settings (default: the example's Redis)."""
     repo = folder / project
     repo.mkdir(parents=True)
     (repo / "features.py").write_text(FEATURES_PY)
     settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
     settings["project"] = project
+    if online_store is not None:
+        settings["online_store"] = {"type": "redis", **online_store}
     settings["registry"]["path"] = f"sqlite:///{folder / project}.db"
     settings["platform"]["data_dir"] = str(folder / "data")
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
     return repo
 
 
-def _offline_table(entities: int, end: dt.datetime, seed: int) -> pa.Table:
+def offline_table(entities: int, end: dt.datetime, seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     stamps = [end - dt.timedelta(seconds=int(s)) for s in rng.integers(60, 86_400, entities)]
     columns = {"asset_id": pa.array([f"asset_{i:07d}" for i in range(entities)]),
@@ -77,7 +81,7 @@ def run_side(side: str, repo: Path, start: str, end: str) -> dict:
     cfg = load_config(repo)
     start_at, end_at = dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end)
     rows = ds.dataset(offline_table_path(cfg.data_dir, load_repo(repo).view(VIEW))).count_rows()
-    began = time.perf_counter()
+    began, cpu_before = time.perf_counter(), time.process_time()
     if side == "ours":
         view = load_repo(repo).view(VIEW)
         materialize_view(RedisSettings.from_config(cfg), view, cfg.project, offline_table_path(cfg.data_dir, view),
@@ -87,12 +91,13 @@ def run_side(side: str, repo: Path, start: str, end: str) -> dict:
 
         FeatureStore(config=cfg.feast_repo_config()).materialize(start_date=start_at, end_date=end_at,
                                                                  feature_views=[VIEW])
-    seconds = time.perf_counter() - began
+    seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_before
     return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds, 1),
+            "cpu_per_row_us": round(cpu_s / rows * 1e6, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def _run_in_process(side: str, repo: Path, start: dt.datetime, end: dt.datetime) -> dict:
+def run_in_process(side: str, repo: Path, start: dt.datetime, end: dt.datetime) -> dict:
     code = ("import json, sys; from bench.materialize import run_side; "
             "print(json.dumps(run_side(*sys.argv[1:])))")
     done = subprocess.run([sys.executable, "-c", code, side, str(repo), start.isoformat(), end.isoformat()],
@@ -123,18 +128,18 @@ def command(entities: int, seed: int) -> None:
 
     end = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     start = end - dt.timedelta(days=2)
-    table = _offline_table(entities, end, seed)
+    table = offline_table(entities, end, seed)
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-materialize-") as scratch:
         for side in ("ours", "peer"):
             project = f"bench_mat_{side}_{int(time.time())}"
-            repo = _write_repo(Path(scratch), project)
+            repo = write_repo(Path(scratch), project)
             cfg = load_config(repo)
             path = offline_table_path(cfg.data_dir, load_repo(repo).view(VIEW))
             ds.write_dataset(table, path, format="parquet", existing_data_behavior="delete_matching")
             featurectl(repo, "apply")
             click.echo(f"{side}: materializing {entities:,} entities x 20 features ...", err=True)
-            results[side] = _run_in_process(side, repo, start, end)
+            results[side] = run_in_process(side, repo, start, end)
             click.echo(f"{side}: {json.dumps(results[side])}", err=True)
             _drop_project(project, cfg.redis_host_port)
     metrics = ("rows_per_s", "peak_rss_mb")

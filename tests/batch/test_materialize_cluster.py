@@ -18,7 +18,7 @@ from cli_helpers import copy_example_repo, featurectl, register_repo
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
-from redis_env import RedisServer, redis_cluster
+from featurectl.services.scratch_redis import RedisServer, redis_cluster
 from redis_store.settings import RedisSettings
 from serving.client import OnlineClient
 

@@ -18,7 +18,7 @@ from batch.redis_writer import RowCommands
 from dsl import Aggregation, Entity, EventSource, FeatureView, Float64, String, Timestamp
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
-from redis_env import master_with_replica, redis_cluster
+from featurectl.services.scratch_redis import master_with_replica, redis_cluster
 from redis_store import columns, dump, layout
 from redis_store.cluster import SyncCluster
 from redis_store.settings import RedisSettings

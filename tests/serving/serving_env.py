@@ -1,5 +1,5 @@
 """Helpers of the serving tests: a private feature repo, Feast's own writes, and our server as a subprocess (the
-private redis-servers and clusters are `redis_env`'s)."""
+private redis-servers and clusters are `featurectl.services.scratch_redis`'s)."""
 
 from __future__ import annotations
 

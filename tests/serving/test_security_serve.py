@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 from cli_helpers import free_port
-from redis_env import RedisServer
+from featurectl.services.scratch_redis import RedisServer
 from serving_env import feast_rows, feature_server, make_repo
 
 from cli_helpers import featurectl

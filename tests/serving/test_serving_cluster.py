@@ -9,7 +9,7 @@ import os
 
 import pytest
 from redis.crc import key_slot
-from redis_env import redis_cluster
+from featurectl.services.scratch_redis import redis_cluster
 from serving_env import feast_rows, make_repo
 
 from redis_store.cluster import SlotMap

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import free_port
-from redis_env import RedisServer
+from featurectl.services.scratch_redis import RedisServer
 from serving_env import feast_rows, feature_server, get, make_repo, post
 
 pytestmark = pytest.mark.integration

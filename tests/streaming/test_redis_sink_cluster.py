@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
-from redis_env import redis_cluster
+from featurectl.services.scratch_redis import redis_cluster
 from redis_store import layout
 from redis_store.cluster import SlotMap
 from redis_store.settings import RedisSettings

@@ -1,5 +1,6 @@
-"""Private redis-servers for tests: one node, or a cluster (masters, optionally with replicas), started on free
-ports of 127.0.0.1 in the test's folder and stopped (or frozen, or killed) by pid."""
+"""Redis servers of a run's own, for tests and benchmarks: one node, or a cluster (masters, optionally with
+replicas), started on free ports of 127.0.0.1 in a folder of the caller's and stopped (or frozen, or killed) by
+pid. Unlike `featurectl services`, nothing here outlives the process that started it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,20 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from cli_helpers import free_port, stop_process
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 10) -> None:
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def _free_cluster_port() -> int:
@@ -39,7 +53,7 @@ def _wait_for_ping(port: int, timeout_s: float = 15) -> None:
 
 
 class RedisServer:
-    """A redis-server of the test's own, on its own port and folder; stopped (or frozen) by its pid."""
+    """A redis-server of the caller's own, on its own port and folder; stopped (or frozen) by its pid."""
 
     def __init__(self, folder: Path, port: Optional[int] = None, cluster: bool = False, extra: Sequence[str] = ()):
         self.port = port or (_free_cluster_port() if cluster else free_port())
@@ -75,14 +89,14 @@ class RedisServer:
     def stop(self) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGCONT)
-            stop_process(self.process, 10)
+            _stop(self.process)
 
 
 def _wait_until(check, what: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the test redis cluster: {what} within {timeout_s:g}s")
+            raise RuntimeError(f"the scratch redis cluster: {what} within {timeout_s:g}s")
         time.sleep(0.2)
 
 
@@ -117,4 +131,4 @@ def master_with_replica(servers: Sequence[RedisServer]) -> tuple[RedisServer, Re
         info = dict(line.split(":", 1) for line in server.cli("info", "replication").split() if ":" in line)
         if info.get("role") == "slave":
             return by_port[int(info["master_port"])], server
-    raise RuntimeError("the test redis cluster has no replica")
+    raise RuntimeError("the scratch redis cluster has no replica")

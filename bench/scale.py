@@ -3,8 +3,8 @@ materialize`) are materialized three ways in one run, each side in its own proce
 ours into a Redis Cluster of `--masters` masters, and Feast's own `materialize` into the same cluster (the peer).
 The cluster and the single node are this run's own (`featurectl.services.scratch_redis`), on this machine's cores,
 so the cluster's figure is what the extra masters buy here, not on separate hosts; the CPU per row of the writing
-process and of the redis-servers (INFO cpu) are the per-core costs the capacity plan (`docs/scale.md`) uses. The stream's events/s at parallelism 1 and 2 are `featurectl
-bench stream`'s.
+process and of the redis-servers (INFO cpu) are the per-core costs the capacity plan (`docs/scale.md`) uses. The
+stream's events/s at parallelism 1 and 2 are `featurectl bench stream`'s.
 """
 
 from __future__ import annotations
@@ -18,19 +18,9 @@ import click
 import pyarrow.dataset as ds
 
 from bench._cli import featurectl
+from bench._cpu import redis_cpu_s
 from bench._report import emit
 from bench.materialize import VIEW, offline_table, run_in_process, write_repo
-
-
-def _redis_cpu_s(ports: list[int]) -> float:
-    """CPU seconds the redis-servers on `ports` have used (INFO cpu), so the servers' cost per row is measured too."""
-    import redis
-
-    total = 0.0
-    for port in ports:
-        info = redis.Redis("127.0.0.1", port).info("cpu")
-        total += info["used_cpu_user"] + info["used_cpu_sys"]
-    return total
 
 
 def _materialize(scratch: Path, side: str, name: str, online_store: dict, ports: list[int], table,
@@ -46,9 +36,10 @@ def _materialize(scratch: Path, side: str, name: str, online_store: dict, ports:
                      existing_data_behavior="delete_matching")
     featurectl(repo, "apply")
     click.echo(f"{name}: materializing {table.num_rows:,} entities x 20 features ...", err=True)
-    before = _redis_cpu_s(ports)
+    before = redis_cpu_s(("127.0.0.1", port) for port in ports)
     result = run_in_process(side, repo, start, end)
-    result["redis_cpu_per_row_us"] = round((_redis_cpu_s(ports) - before) / result["rows"] * 1e6, 2)
+    spent = redis_cpu_s(("127.0.0.1", port) for port in ports) - before
+    result["redis_cpu_per_row_us"] = round(spent / result["rows"] * 1e6, 2)
     click.echo(f"{name}: {result}", err=True)
     return result
 

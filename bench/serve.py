@@ -8,7 +8,9 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
   First, 5,000 bare PINGs on the SDK's connection give the host's round-trip floor (`params.redis_ping_ms`).
 - HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every
   1,000 requests), sequential 1 and 100 entities, then an open-loop load of `--rate` requests/s for
-  `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's.
+  `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's; the server's CPU
+  (user + system, its workers included) over that phase per request answered is `cpu_per_request_us`, and
+  Redis's (`INFO cpu`; anything else using that Redis in the same seconds counts too) `redis_cpu_per_request_us`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 import yaml
 
 from bench._cli import featurectl
+from bench._cpu import process_cpu_s, redis_cpu_s
 from bench._http_load import sequential
 from bench._report import emit, percentiles
 
@@ -147,6 +150,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _server(command: list[str], port: int, log_path: Path) -> Iterator[int]:
+    """The server's pid once it answers /health."""
     with log_path.open("w") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -159,7 +163,7 @@ def _server(command: list[str], port: int, log_path: Path) -> Iterator[int]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise click.ClickException(f"server `{' '.join(command)}` did not start; see {log_path}")
                 time.sleep(0.5)
-        yield port
+        yield process.pid
     finally:
         process.terminate()
         try:
@@ -200,6 +204,8 @@ def _sdk(repo: Path, store, features: list[str], ids: list[str], requests: int, 
 
 def _http(repo: Path, features: list[str], ids: list[str], requests: int, batches: int, rate: float,
           seconds: float, workers: int, rng: np.random.Generator, scratch: Path) -> tuple[dict, dict]:
+    from common.config import load_config
+
     singles = [{"features": features, "entities": {"asset_id": [ids[i]]}}
                for i in rng.integers(0, len(ids), 2000)]
     hundreds = [{"features": features, "entities": {"asset_id": [ids[i] for i in rng.integers(0, len(ids), 100)]}}
@@ -212,17 +218,24 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
     peer_cmd = [str(Path(sys.executable).parent / "feast"), "-c", str(repo), "serve", "-p", str(peer_port),
                 "--no-access-log", "--max-requests", "100000000", "--workers", str(workers)]
     out: dict[str, dict] = {"ours": {}, "peer": {}}
-    with _server(ours_cmd, ours_port, scratch / "ours.log"), _server(peer_cmd, peer_port, scratch / "feast.log"):
+    with _server(ours_cmd, ours_port, scratch / "ours.log") as ours_pid, \
+            _server(peer_cmd, peer_port, scratch / "feast.log") as peer_pid:
         encoded = [json.dumps(b).encode() for b in singles]
         big = [json.dumps(b).encode() for b in hundreds]
         for side, port in (("ours", ours_port), ("peer", peer_port)):
             sequential("127.0.0.1", port, encoded, 200)  # warm-up
             out[side].update(_figures("http_1", sequential("127.0.0.1", port, encoded, requests)))
             out[side].update(_figures("http_100", sequential("127.0.0.1", port, big, batches)))
-        for side, port in (("ours", ours_port), ("peer", peer_port)):
+        redis_at = [load_config(repo).redis_host_port]
+        for side, port, pid in (("ours", ours_port, ours_pid), ("peer", peer_port, peer_pid)):
+            cpu_before, redis_before = process_cpu_s(pid), redis_cpu_s(redis_at)
             result = _load(port, bodies_file, rate, seconds)
+            answered = max(1, result["ok"])
+            cpu_us = (process_cpu_s(pid) - cpu_before) / answered * 1e6
+            redis_us = (redis_cpu_s(redis_at) - redis_before) / answered * 1e6
             log.info("%s under load: %s", side, result)
             out[side].update({"http_load_rps": result["rps"], "http_load_errors": result["errors"],
+                              "cpu_per_request_us": round(cpu_us, 1), "redis_cpu_per_request_us": round(redis_us, 1),
                               **{f"http_load_{k}": result[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms")}})
     for side in out.values():
         side["http_load_p999_ms"] = side.pop("http_load_p99.9_ms")

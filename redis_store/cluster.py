@@ -15,7 +15,7 @@ from typing import Iterable
 import hiredis
 from redis.crc import key_slot
 
-from redis_store.errors import RedisUnavailableError
+from redis_store.errors import RedisConfigError, RedisUnavailableError
 from redis_store.node import AsyncNode, SyncNode, check_replies
 from redis_store.settings import RedisSettings
 
@@ -63,6 +63,16 @@ def _merge(count: int, parts: Iterable[tuple[list[int], list]]) -> tuple[list, b
     return replies, redirected
 
 
+def _slot_map(replies: list, address: tuple[str, int]) -> SlotMap:
+    """The slot map from a node's CLUSTER SLOTS reply; a node without cluster mode is a configuration error."""
+    reply = replies[0]
+    if isinstance(reply, hiredis.ReplyError) and "cluster support disabled" in str(reply):
+        raise RedisConfigError(f"redis at {address[0]}:{address[1]} is not a Redis Cluster node, but "
+                               "online_store.redis_type is redis_cluster: set `redis_type: redis` for a single node, "
+                               "or point online_store.connection_string at the cluster's nodes")
+    return SlotMap(check_replies(replies, str(address))[0])
+
+
 def _redirect_error(settings: RedisSettings) -> RedisUnavailableError:
     return RedisUnavailableError(f"redis cluster {settings.nodes} kept redirecting after {_ATTEMPTS} slot map "
                                  "reloads; is it resharding? retry later")
@@ -88,7 +98,7 @@ class SyncCluster:
         error: Exception = RedisUnavailableError("no cluster node configured")
         for address in [*self._nodes, *self.settings.nodes]:
             try:
-                return SlotMap(check_replies(self.node(address).execute([CLUSTER_SLOTS]), str(address))[0])
+                return _slot_map(self.node(address).execute([CLUSTER_SLOTS]), address)
             except RedisUnavailableError as exc:
                 error = exc
         raise error
@@ -151,7 +161,7 @@ class AsyncCluster:
         error: Exception = RedisUnavailableError("no cluster node configured")
         for address in [*self._nodes, *self.settings.nodes]:
             try:
-                return SlotMap(check_replies(await self._node(address).execute([CLUSTER_SLOTS]), str(address))[0])
+                return _slot_map(await self._node(address).execute([CLUSTER_SLOTS]), address)
             except RedisUnavailableError as exc:
                 error = exc
         raise error

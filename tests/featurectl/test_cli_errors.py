@@ -29,7 +29,7 @@ def test_a_missing_repo_is_one_line(tmp_path):
 
 
 @pytest.mark.integration
-def test_stream_against_a_redis_cluster_is_one_line(tmp_path, local_services):
+def test_stream_with_a_cluster_config_on_a_single_node_is_one_line(tmp_path, local_services):
     repo = copy_example_repo(tmp_path, "errs_cluster", {"path": f"sqlite:///{tmp_path / 'registry.db'}"},
                              {"type": "redis", "redis_type": "redis_cluster",
                               "connection_string": ":".join(map(str, local_services.redis_host_port))},
@@ -37,7 +37,8 @@ def test_stream_against_a_redis_cluster_is_one_line(tmp_path, local_services):
     settings = yaml.safe_load((repo / "feature_store.yaml").read_text())
     settings["platform"]["state_dir"] = str(tmp_path / "state")
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    _one_line_error(featurectl("--repo", str(repo), "stream", "--view", "asset_activity"), "single Redis node")
+    _one_line_error(featurectl("--repo", str(repo), "stream", "--view", "asset_activity"),
+                    "is not a Redis Cluster node", "set `redis_type: redis`")
 
 
 def test_a_bad_instant_is_a_usage_error_with_the_rule(tmp_path):

@@ -3,7 +3,8 @@ status, cancel. No Python runs inside the job: every operator is Flink SQL in th
 
 Checkpoints go to `<checkpoints>/<flink job id>/chk-N` (one folder per fingerprint of the job's SQL, so a job
 never restores state written by other SQL) and are retained on cancel and on crash; a restarted job restores
-the newest complete one (its operator state, and the Kafka offsets it had read to).
+the newest complete one (its operator state, and the Kafka offsets it had read to), or the newer savepoint an
+orphaned job of the stream was stopped with (`<checkpoints>/savepoints/`, see `streaming.orphans`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,19 @@ class StreamJobError(FeaturectlError, RuntimeError):
     """The Flink job failed or could not start; the message says where its log is."""
 
 
+def job_title(plan: JobPlan) -> str:
+    """The job's name on a cluster: the stream (what finds it again) and the fingerprint of its SQL."""
+    return f"{title_prefix(plan)}{plan.fingerprint}"
+
+
+def title_prefix(plan: JobPlan) -> str:
+    return f"featurectl stream {plan.name} @"
+
+
 def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
                   restore: Optional[Path]) -> dict[str, str]:
     options = {
-        "pipeline.name": f"featurectl stream {plan.name}",
+        "pipeline.name": job_title(plan),
         "pipeline.object-reuse": "true",  # chained operators hand records on without copying them
         "execution.buffer-timeout.interval": "20 ms",  # a half-full network buffer waits at most this long
         "table.exec.mini-batch.enabled": "true",
@@ -47,10 +57,21 @@ def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
     return options
 
 
+def savepoints(checkpoints: Path) -> Path:
+    return checkpoints / "savepoints"
+
+
 def completed_checkpoints(checkpoints: Path) -> list[Path]:
-    """Every complete checkpoint (a `chk-N` folder with its `_metadata`), oldest first."""
+    """Every complete checkpoint (a `chk-N` folder with its `_metadata`) and savepoint, oldest first."""
     found = [p.parent for p in checkpoints.glob("*/chk-*/_metadata")]
-    return sorted(found, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1])))
+    found += [p.parent for p in savepoints(checkpoints).glob("savepoint-*/_metadata")]
+    return sorted(found, key=lambda p: ((p / "_metadata").stat().st_mtime_ns, _number(p.name)))
+
+
+def _number(name: str) -> int:
+    """N of `chk-N`; savepoints (ordered by time alone) 0."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if name.startswith("chk-") and tail.isdigit() else 0
 
 
 def latest_checkpoint(checkpoints: Path) -> Optional[Path]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -125,8 +126,20 @@ class FlinkJob:
             raise StreamJobError(f"the Flink job {self.job_id} is {status}; see the Flink log in {self.log_dir}")
         return status
 
-    def cancel(self) -> None:
+    def cancel(self, timeout_s: float = 30.0) -> None:
+        """Cancel, then wait until the job has ended: on a cluster the cancel is acknowledged while the job is still
+        CANCELLING, and a start right after would find it running under the stream's name."""
         try:
             self.client.cancel().result()
         except Exception as exc:  # the job may already be gone (failed, or its JVM stopped); nothing to undo
             log.warning("cancelling flink job %s: %s", self.job_id, exc)
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.status() in _DONE:
+                    return
+            except Exception:  # the local mini-cluster forgets a cancelled job at once: it has ended
+                return
+            time.sleep(0.2)
+        log.warning("flink job %s still not cancelled after %.0f s", self.job_id, timeout_s)

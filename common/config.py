@@ -37,10 +37,23 @@ class PostgresSettings(BaseModel):
     user: str = "featurectl"
 
 
+class LocalFlinkSettings(BaseModel):
+    """The session cluster `featurectl services up --flink N` starts on 127.0.0.1 from PyFlink's distribution."""
+
+    model_config = ConfigDict(extra="forbid")
+    rest_port: int = Field(18081, description="the JobManager's REST port: what `--jobmanager` names")
+    rpc_port: int = Field(16123, description="the JobManager's RPC port (TaskManagers register there)")
+    slots: int = Field(2, ge=1, description="task slots per TaskManager")
+    jobmanager_memory: str = Field("1024m", description="the JobManager's total process memory")
+    taskmanager_memory: str = Field("1600m", description="each TaskManager's total process memory")
+
+
 class FlinkSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    jobmanager: Optional[str] = Field(None, description="host:port of a Flink cluster; None = local mini-cluster")
+    jobmanager: Optional[str] = Field(None, description="REST address (host:port) of a Flink cluster's JobManager; "
+                                                        "None = local mini-cluster")
     parallelism: int = 1
+    local: LocalFlinkSettings = LocalFlinkSettings()
 
 
 class AuthSettings(BaseModel):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from common.errors import FeaturectlError
+from common.flink_rest import FlinkRest
 
 
 class FlinkSetupError(FeaturectlError, RuntimeError):
@@ -33,9 +34,14 @@ def flink_jars() -> list[Path]:
 
 def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = None,
                      jobmanager: Optional[str] = None, parallelism: int = 1):
-    """A TableEnvironment in UTC with our jars; `jobmanager` (host:port) targets a real cluster."""
+    """A TableEnvironment in UTC with our jars; `jobmanager`, a JobManager's REST address (host:port), targets a
+    real cluster, checked first: the jars go with each job, so the cluster needs none of its own."""
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
+    rest = None
+    if jobmanager:  # before PyFlink's JVM starts: a wrong address fails in seconds, not after minutes of retries
+        rest = FlinkRest(jobmanager)
+        rest.check()
     settings = EnvironmentSettings.in_streaming_mode() if streaming else EnvironmentSettings.in_batch_mode()
     env = TableEnvironment.create(settings)
     conf = env.get_config()
@@ -43,10 +49,8 @@ def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = Non
     conf.set("parallelism.default", str(parallelism))
     conf.set("python.execution-mode", "thread")
     conf.set("pipeline.jars", ";".join(p.resolve().as_uri() for p in flink_jars()))
-    if jobmanager:
-        host, _, port = jobmanager.rpartition(":")
-        if not host or not port.isdigit():
-            raise FlinkSetupError(f"`--jobmanager {jobmanager}` is not host:port, e.g. flink-jm:8081")
+    if rest is not None:
+        host, _, port = rest.url.removeprefix("http://").rpartition(":")
         conf.set("execution.target", "remote")
         conf.set("rest.address", host)
         conf.set("rest.port", port)

@@ -40,22 +40,25 @@ class TqdmProgress:
 @click.option("--view", "view_names", multiple=True, help="a feature view to backfill (repeatable; default: all "
               "views with offline=True)")
 @click.option("--parallelism", type=int, default=None, help="Flink parallelism (default: platform.flink)")
-@click.option("--jobmanager", default=None, help="host:port of a Flink cluster (default: platform.flink)")
+@click.option("--jobmanager", default=None, help="REST address host:port of a Flink cluster's JobManager "
+              "(default: platform.flink.jobmanager, else a local mini-cluster)")
 @click.pass_obj
 def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, ...], parallelism: int | None,
              jobmanager: str | None) -> None:
     """Compute the offline feature tables of [START, END) from the Parquet history with Flink, replacing that range."""
     from batch.backfill import BackfillTarget, backfill as run_backfill
+    from common.flink_rest import check_jobmanager
     from dsl import load_repo
 
     cfg = ctx.config()
+    jobmanager = check_jobmanager(jobmanager or cfg.platform.flink.jobmanager)
     repo = load_repo(cfg.repo_path)
     views = [repo.view(name) for name in view_names] or [v for v in repo.views if v.offline]
     target = BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers)
     progress = TqdmProgress()
     try:
         summary = run_backfill(views, start, end, target, parallelism=parallelism or cfg.platform.flink.parallelism,
-                               jobmanager=jobmanager or cfg.platform.flink.jobmanager, progress=progress)
+                               jobmanager=jobmanager, progress=progress)
     finally:
         progress.close()
     for result in summary.views:

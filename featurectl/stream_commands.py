@@ -93,8 +93,8 @@ def _progress_line(status: dict, alive: bool) -> str:
 @click.command()
 @click.option("--view", "names", multiple=True, help="a feature view to stream (repeatable; default: every view "
               "whose source has a kafka_topic)")
-@click.option("--jobmanager", default=None, help="host:port of a Flink cluster (default: platform.flink.jobmanager, "
-              "else a local mini-cluster)")
+@click.option("--jobmanager", default=None, help="REST address host:port of a Flink cluster's JobManager (its REST "
+              "port, 8081 by default; default: platform.flink.jobmanager, else a local mini-cluster)")
 @click.option("--status", "show_status", is_flag=True, help="report the streams of this repo and exit")
 @click.option("--checkpoint-interval", type=float, default=None, help="seconds between Flink checkpoints [10]")
 @click.option("--mini-batch-latency", type=int, default=None, help="ms an event may wait in a tile mini-batch [500]")
@@ -122,6 +122,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     from confluent_kafka import KafkaException
 
     from batch.history import ParquetHistory
+    from common.flink_rest import check_jobmanager
     from dsl.compile_flink import SourceSettings
     from redis_store.settings import RedisSettings
     from streaming.config import StreamSettings
@@ -132,7 +133,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     settings = StreamSettings(parallelism=cfg.platform.flink.parallelism, **overrides)
     sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
     target = Target(cfg.project, RedisSettings.from_config(cfg), sources, cfg.state_dir,
-                    jobmanager or cfg.platform.flink.jobmanager, cfg.key_ttl_seconds)
+                    check_jobmanager(jobmanager or cfg.platform.flink.jobmanager), cfg.key_ttl_seconds)
     views, all_views = _views(cfg, names)
     stop = threading.Event()
     _stop_on_signals(stop)

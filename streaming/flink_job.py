@@ -3,7 +3,8 @@ status, cancel. No Python runs inside the job: every operator is Flink SQL in th
 
 Checkpoints go to `<checkpoints>/<flink job id>/chk-N` (one folder per fingerprint of the job's SQL, so a job
 never restores state written by other SQL) and are retained on cancel and on crash; a restarted job restores
-the newest complete one (its operator state, and the Kafka offsets it had read to).
+the newest complete one (its operator state, and the Kafka offsets it had read to), or the newer savepoint an
+orphaned job of the stream was stopped with (`<checkpoints>/savepoints/`, see `streaming.orphans`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -27,10 +29,19 @@ class StreamJobError(FeaturectlError, RuntimeError):
     """The Flink job failed or could not start; the message says where its log is."""
 
 
+def job_title(plan: JobPlan) -> str:
+    """The job's name on a cluster: the stream (what finds it again) and the fingerprint of its SQL."""
+    return f"{title_prefix(plan)}{plan.fingerprint}"
+
+
+def title_prefix(plan: JobPlan) -> str:
+    return f"featurectl stream {plan.name} @"
+
+
 def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
                   restore: Optional[Path]) -> dict[str, str]:
     options = {
-        "pipeline.name": f"featurectl stream {plan.name}",
+        "pipeline.name": job_title(plan),
         "pipeline.object-reuse": "true",  # chained operators hand records on without copying them
         "execution.buffer-timeout.interval": "20 ms",  # a half-full network buffer waits at most this long
         "table.exec.mini-batch.enabled": "true",
@@ -47,10 +58,21 @@ def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
     return options
 
 
+def savepoints(checkpoints: Path) -> Path:
+    return checkpoints / "savepoints"
+
+
 def completed_checkpoints(checkpoints: Path) -> list[Path]:
-    """Every complete checkpoint (a `chk-N` folder with its `_metadata`), oldest first."""
+    """Every complete checkpoint (a `chk-N` folder with its `_metadata`) and savepoint, oldest first."""
     found = [p.parent for p in checkpoints.glob("*/chk-*/_metadata")]
-    return sorted(found, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1])))
+    found += [p.parent for p in savepoints(checkpoints).glob("savepoint-*/_metadata")]
+    return sorted(found, key=lambda p: ((p / "_metadata").stat().st_mtime_ns, _number(p.name)))
+
+
+def _number(name: str) -> int:
+    """N of `chk-N`; savepoints (ordered by time alone) 0."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if name.startswith("chk-") and tail.isdigit() else 0
 
 
 def latest_checkpoint(checkpoints: Path) -> Optional[Path]:
@@ -104,8 +126,20 @@ class FlinkJob:
             raise StreamJobError(f"the Flink job {self.job_id} is {status}; see the Flink log in {self.log_dir}")
         return status
 
-    def cancel(self) -> None:
+    def cancel(self, timeout_s: float = 30.0) -> None:
+        """Cancel, then wait until the job has ended: on a cluster the cancel is acknowledged while the job is still
+        CANCELLING, and a start right after would find it running under the stream's name."""
         try:
             self.client.cancel().result()
         except Exception as exc:  # the job may already be gone (failed, or its JVM stopped); nothing to undo
             log.warning("cancelling flink job %s: %s", self.job_id, exc)
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.status() in _DONE:
+                    return
+            except Exception:  # the local mini-cluster forgets a cancelled job at once: it has ended
+                return
+            time.sleep(0.2)
+        log.warning("flink job %s still not cancelled after %.0f s", self.job_id, timeout_s)

@@ -34,6 +34,7 @@ from streaming.config import StreamSettings
 from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prune_checkpoints
 from streaming.job_sql import JobPlan, job_name, plan_job
 from streaming.metrics import StreamMetrics
+from streaming.orphans import stop_orphans
 from streaming.redis_sink import RedisSink
 from streaming.status import stream_root, write_status
 from streaming.topics import SourceLag, ensure_topics
@@ -50,8 +51,8 @@ class StreamError(FeaturectlError, RuntimeError):
 
 @dataclass(frozen=True)
 class Target:
-    """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster;
-    `key_ttl_s` is Feast's `online_store.key_ttl_seconds` (0: keys never expire)."""
+    """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster
+    (`jobmanager`: its REST address); `key_ttl_s` is Feast's `online_store.key_ttl_seconds` (0: keys never expire)."""
 
     project: str
     redis: RedisSettings
@@ -161,6 +162,7 @@ class StreamRunner:
         self.bootstrap: Optional[dict] = None
         self.flink_status: Optional[str] = None
         self.source_lag: Optional[SourceLag] = None
+        self.orphans_stopped: list[str] = []
 
     def _resume(self, views: Sequence[FeatureView], all_views: Sequence[FeatureView],
                 reset: bool) -> tuple[Optional[Generation], Optional[JobPlan]]:
@@ -187,6 +189,8 @@ class StreamRunner:
                 self._stop()
 
     def _start(self) -> None:
+        if self.target.jobmanager:  # before anything reads the checkpoints an orphan would go on deleting
+            self.orphans_stopped = stop_orphans(self.target.jobmanager, self.plan, self.checkpoints)
         try:
             sink = RedisSink(self.target.redis, self.target.project, self.target.key_ttl_s)
         except RedisUnavailableError as exc:
@@ -288,6 +292,7 @@ class StreamRunner:
             "updated_at": _iso(time.time() * 1000),
             "flink_job_id": self.job.job_id if self.job else None, "flink_status": self.flink_status,
             "restored_from": str(self.restored_from) if self.restored_from else None,
+            "jobmanager": self.target.jobmanager, "orphans_stopped": self.orphans_stopped,
             "checkpoint": self._checkpoint(),
             "topics": {"tiles": [v.tiles_topic for v in self.plan.views],
                        "dead_letters": [s.dead_letter_topic for s in self.plan.sources]},

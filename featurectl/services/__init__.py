@@ -1,4 +1,5 @@
-"""`featurectl services up|down|status`: the local Redis, Kafka and PostgreSQL of the one-machine setup.
+"""`featurectl services up|down|status`: the local Redis, Kafka and PostgreSQL of the one-machine setup, and on
+request (`up --flink N`) a Flink session cluster.
 
 Each service lives in its own module; all bind 127.0.0.1 on the ports feature_store.yaml names and keep pid
 files, logs and data under `platform.state_dir/<service>/`.
@@ -11,6 +12,7 @@ from typing import Optional
 import click
 
 from common.config import ProjectConfig
+from featurectl.services.flink_cluster import JOBMANAGER, flink_services
 from featurectl.services.kafka_broker import KafkaBroker
 from featurectl.services.postgres_server import PostgresServer
 from featurectl.services.process import LocalService, LocalServiceError
@@ -20,31 +22,45 @@ SERVICES: dict[str, type[LocalService]] = {"redis": RedisServer, "kafka": KafkaB
 
 
 def all_services(cfg: ProjectConfig) -> list[LocalService]:
-    return [cls(cfg) for cls in SERVICES.values()]
+    """Every service, the Flink processes an earlier `up --flink` started included."""
+    return [*(cls(cfg) for cls in SERVICES.values()), *flink_services(cfg)]
 
 
-def wanted_services(cfg: ProjectConfig, only: Optional[str], postgres: Optional[bool]) -> list[LocalService]:
-    """`--only` wins; otherwise Redis and Kafka, plus PostgreSQL when the flag or the config asks for it."""
+def wanted_services(cfg: ProjectConfig, only: Optional[str], postgres: Optional[bool],
+                    flink: int = 0) -> list[LocalService]:
+    """`--only` wins (`--only flink`: the cluster alone, with `--flink N` TaskManagers, 1 by default); otherwise
+    Redis and Kafka, plus PostgreSQL when the flag or the config asks for it, plus the Flink cluster with `flink`
+    TaskManagers when above 0."""
+    if only == "flink":
+        return flink_services(cfg, flink or 1)
     if only:
         return [SERVICES[only](cfg)]
     with_postgres = cfg.platform.postgres.enabled if postgres is None else postgres
-    return [svc for svc in all_services(cfg) if with_postgres or svc.name != "postgres"]
+    wanted = [cls(cfg) for name, cls in SERVICES.items() if with_postgres or name != "postgres"]
+    return wanted + (flink_services(cfg, flink) if flink else [])
 
 
 @click.group()
 def services() -> None:
-    """Start, stop and inspect the local Redis, Kafka (KRaft) and PostgreSQL."""
+    """Start, stop and inspect the local Redis, Kafka (KRaft), PostgreSQL and Flink session cluster."""
 
 
 @services.command()
 @click.option("--postgres/--no-postgres", default=None,
               help="also start PostgreSQL (default: platform.postgres.enabled in feature_store.yaml)")
-@click.option("--only", type=click.Choice(list(SERVICES)), default=None, help="start this one service only")
+@click.option("--flink", type=click.IntRange(min=0), default=0, metavar="N",
+              help="also start a Flink session cluster: a JobManager and N TaskManagers (platform.flink.local)")
+@click.option("--only", type=click.Choice([*SERVICES, "flink"]), default=None, help="start this one service only")
 @click.pass_obj
-def up(obj, postgres: Optional[bool], only: Optional[str]) -> None:
+def up(obj, postgres: Optional[bool], flink: int, only: Optional[str]) -> None:
     """Start the services that are not running and wait until each answers; running ones are left alone."""
-    for svc in wanted_services(obj.config(), only, postgres):
+    cfg = obj.config()
+    wanted = wanted_services(cfg, only, postgres, flink)
+    for svc in wanted:
         click.echo(svc.up())
+    if any(svc.name == JOBMANAGER for svc in wanted):
+        click.echo(f"flink: jobs run on it with `--jobmanager 127.0.0.1:{cfg.platform.flink.local.rest_port}` "
+                   "or `platform.flink.jobmanager` in feature_store.yaml")
 
 
 @services.command()
@@ -64,7 +80,7 @@ def down(obj) -> None:
 @services.command()
 @click.pass_obj
 def status(obj) -> None:
-    """One line per service: name, up/down, pid, address."""
+    """One line per service: name, up/down, pid, address (Flink's processes once `up --flink` started them)."""
     for svc in all_services(obj.config()):
         click.echo(svc.status())
 

@@ -196,4 +196,4 @@ class LocalService(ABC):
     def status(self) -> str:
         pid = self.pid()
         state = "up" if pid is not None else "down"
-        return f"{self.name:<9} {state:<5} pid {pid if pid is not None else '-':<8} {self.address}"
+        return f"{self.name:<19} {state:<5} pid {pid if pid is not None else '-':<8} {self.address}"

@@ -10,9 +10,13 @@ U+001F, modulo the topic's partitions. Writer `i` of `n` owns the partitions `p`
 from __future__ import annotations
 
 import json
+import zipfile
 import zlib
 
+from common.flink import FlinkSetupError, flink_jars
+
 PARTITIONER_CLASS = "dev.featurectl.udf.EntityPartitioner"
+UDF_JAR = "featurectl-udf.jar"
 
 
 def entity_partition(key: tuple, partitions: int) -> int:
@@ -24,3 +28,16 @@ def entity_partition(key: tuple, partitions: int) -> int:
 def owned_partitions(partitions: int, writer: int, writers: int) -> list[int]:
     """The partitions of a `partitions`-partition topic that writer `writer` of `writers` reads."""
     return [p for p in range(partitions) if p % writers == writer]
+
+
+def require_partitioner() -> None:
+    """Refuse to start a job whose UDF jar predates the partitioner: its tile sink would fail on the first tile."""
+    entry = PARTITIONER_CLASS.replace(".", "/") + ".class"
+    for jar in flink_jars():
+        if jar.name == UDF_JAR:
+            with zipfile.ZipFile(jar) as archive:
+                if entry in archive.namelist():
+                    return
+            raise FlinkSetupError(f"{jar} has no {PARTITIONER_CLASS} (the tile topics' partitioner): it was built "
+                                  "from older sources; run scripts/build_udf.sh")
+    raise FlinkSetupError(f"no {UDF_JAR} among the Flink jars: run scripts/setup.sh")

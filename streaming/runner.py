@@ -35,6 +35,7 @@ from streaming.config import StreamSettings
 from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prune_checkpoints
 from streaming.job_sql import JobPlan, job_name, plan_job
 from streaming.metrics import StreamMetrics
+from streaming.partitioning import require_partitioner
 from streaming.redis_sink import RedisSink
 from streaming.status import stream_root, write_status
 from streaming.topics import SourceLag, ensure_topics
@@ -192,6 +193,7 @@ class StreamRunner:
             RedisSink(self.target.redis, self.target.project, self.target.key_ttl_s).close()
         except RedisUnavailableError as exc:
             raise StreamError(f"{exc}; the stream needs Redis up at its start") from exc
+        require_partitioner()
         ensure_topics(self.plan, self.settings)
         self.source_lag = SourceLag(self.plan)
         history = history_folder(self.home, self.plan.fingerprint)

@@ -7,7 +7,6 @@ new events (the other's slide on the shared clock). Topic layouts that cannot se
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 

@@ -4,9 +4,9 @@ The example repo's asset views (`asset_activity`: windows 10m, 1h, 24h; `asset_a
 own, under a project of their own, through `featurectl stream` with its default settings, as a subprocess.
 1. Sustained ingest: `--events` interactions (50 per ms of event time, ending now) are in Kafka before the job
    starts; events/s is the slope of the events the job has applied to Redis, from 10 % to 95 % of them
-   (start-up excluded). The job's CPU per event (the stream process, its window writers and its JVM) is printed
-   beside it. Repeated per `--parallelism N` (each on fresh topics of N partitions); phases 2 and 3 run at the
-   first one.
+   (start-up excluded). The job's CPU per event is printed beside it, whole and split: its JVM, and its Python
+   (the stream process and its window writers). Repeated per `--parallelism N` (each on fresh topics of N
+   partitions); phases 2 and 3 run at the first one.
 2. Freshness: `--live-rate` events/s produced live for `--live-seconds` (event time = now), among them a probe
    every `1 / --probes-per-s` s: a new asset whose key a poller reads from Redis every 5 ms. Produced-to-visible
    time of the probes gives p50/p99.
@@ -117,10 +117,17 @@ class Bench:
             time.sleep(0.25)
         raise click.ClickException(f"timed out waiting for {what}; see {self.folder / 'stream.log'}")
 
-    def cpu_seconds(self) -> float:
-        """CPU time of the stream process and its JVM so far."""
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time so far of the stream's JVM, and of its Python processes (the stream and its window writers)."""
         proc = psutil.Process(self.stream.pid)
-        return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+        jvm = python = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                seconds = sum(p.cpu_times()[:2])
+                jvm, python = (jvm + seconds, python) if p.name() == "java" else (jvm, python + seconds)
+            except psutil.NoSuchProcess:
+                continue
+        return jvm, python
 
     def close(self, keep: bool) -> None:
         from confluent_kafka.admin import AdminClient
@@ -196,9 +203,11 @@ def sustained_rate(bench: Bench, n: int, timeout_s: float) -> dict:
     if len(started) < 2:
         raise click.ClickException(f"the job applied {samples[-1][1]:,} of {n:,} events in {timeout_s:.0f}s; see "
                                    f"{bench.folder / 'stream.log'}")
-    t1, e1, c1 = started[0]
-    t2, e2, c2 = next((s for s in started if s[1] >= 0.95 * n), started[-1])
-    return {"events_per_s": round((e2 - e1) / (t2 - t1)), "cpu_us_per_event": round((c2 - c1) / (e2 - e1) * 1e6, 1),
+    t1, e1, (j1, p1) = started[0]
+    t2, e2, (j2, p2) = next((s for s in started if s[1] >= 0.95 * n), started[-1])
+    per_event = lambda seconds: round(seconds / (e2 - e1) * 1e6, 1)  # noqa: E731
+    return {"events_per_s": round((e2 - e1) / (t2 - t1)), "cpu_us_per_event": per_event(j2 - j1 + p2 - p1),
+            "jvm_us_per_event": per_event(j2 - j1), "writers_us_per_event": per_event(p2 - p1),
             "applied": samples[-1][1]}
 
 

@@ -4,7 +4,9 @@ The example repo's asset views (`asset_activity`: windows 10m, 1h, 24h; `asset_a
 own, under a project of their own, through `featurectl stream` with its default settings, as a subprocess.
 1. Sustained ingest: `--events` interactions (50 per ms of event time, ending now) are in Kafka before the job
    starts; events/s is the slope of the events the job has applied to Redis, from 10 % to 95 % of them
-   (start-up excluded). The job's CPU per event is printed beside it.
+   (start-up excluded). The job's CPU per event is printed beside it, whole and split: its JVM, and its Python
+   (the stream process and its window writers). Repeated per `--parallelism N` (each on fresh topics of N
+   partitions); phases 2 and 3 run at the first one.
 2. Freshness: `--live-rate` events/s produced live for `--live-seconds` (event time = now), among them a probe
    every `1 / --probes-per-s` s: a new asset whose key a poller reads from Redis every 5 ms. Produced-to-visible
    time of the probes gives p50/p99.
@@ -75,9 +77,20 @@ class Bench:
         self.redis = redis.Redis(*cfg.redis_host_port)
         self.stream: Optional[subprocess.Popen] = None
 
-    def start_stream(self) -> None:
+    def create_topics(self, partitions: int) -> None:
+        """The source topics with `partitions` partitions (the producer would create them with the broker's
+        default, and a stream refuses a source topic with fewer partitions than its parallelism)."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        topics = [NewTopic(t, partitions, 1) for t in (self.events_topic, self.catalog_topic)]
+        for future in admin.create_topics(topics).values():
+            future.result()
+
+    def start_stream(self, parallelism: int = 1) -> None:
         log_file = (self.folder / "stream.log").open("w")
-        self.stream = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(self.folder), "stream"],
+        self.stream = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(self.folder), "stream",
+                                        "--parallelism", str(parallelism)],
                                        cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop_stream(self) -> None:
@@ -104,10 +117,17 @@ class Bench:
             time.sleep(0.25)
         raise click.ClickException(f"timed out waiting for {what}; see {self.folder / 'stream.log'}")
 
-    def cpu_seconds(self) -> float:
-        """CPU time of the stream process and its JVM so far."""
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time so far of the stream's JVM, and of its Python processes (the stream and its window writers)."""
         proc = psutil.Process(self.stream.pid)
-        return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+        jvm = python = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                seconds = sum(p.cpu_times()[:2])
+                jvm, python = (jvm + seconds, python) if p.name() == "java" else (jvm, python + seconds)
+            except psutil.NoSuchProcess:
+                continue
+        return jvm, python
 
     def close(self, keep: bool) -> None:
         from confluent_kafka.admin import AdminClient
@@ -183,9 +203,11 @@ def sustained_rate(bench: Bench, n: int, timeout_s: float) -> dict:
     if len(started) < 2:
         raise click.ClickException(f"the job applied {samples[-1][1]:,} of {n:,} events in {timeout_s:.0f}s; see "
                                    f"{bench.folder / 'stream.log'}")
-    t1, e1, c1 = started[0]
-    t2, e2, c2 = next((s for s in started if s[1] >= 0.95 * n), started[-1])
-    return {"events_per_s": round((e2 - e1) / (t2 - t1)), "cpu_us_per_event": round((c2 - c1) / (e2 - e1) * 1e6, 1),
+    t1, e1, (j1, p1) = started[0]
+    t2, e2, (j2, p2) = next((s for s in started if s[1] >= 0.95 * n), started[-1])
+    per_event = lambda seconds: round(seconds / (e2 - e1) * 1e6, 1)  # noqa: E731
+    return {"events_per_s": round((e2 - e1) / (t2 - t1)), "cpu_us_per_event": per_event(j2 - j1 + p2 - p1),
+            "jvm_us_per_event": per_event(j2 - j1), "writers_us_per_event": per_event(p2 - p1),
             "applied": samples[-1][1]}
 
 
@@ -298,6 +320,29 @@ def feast_push_rate(bench: Bench, events: int) -> float:
     return events / (time.perf_counter() - started)
 
 
+def _start_and_measure(bench: Bench, parallelism: int, events: int) -> dict:
+    """The backlog into fresh topics of `parallelism` partitions, a stream at that parallelism, its sustained rate."""
+    featurectl(bench.folder, "apply")
+    bench.create_topics(parallelism)
+    click.echo(f"producing {events:,} events and the catalog to {bench.events_topic} ({parallelism} partitions) ...")
+    produce_backlog(bench, events)
+    click.echo(f"starting `featurectl stream --parallelism {parallelism}` (default settings otherwise) ...")
+    bench.start_stream(parallelism)
+    bench.wait(lambda s: s.get("flink_status") == "RUNNING", "the job to run", 300)
+    sustained = sustained_rate(bench, events, timeout_s=900)
+    click.echo(f"sustained ingest at parallelism {parallelism}: {sustained}")
+    return sustained
+
+
+def _sustained_at(cfg, parallelism: int, events: int, keep: bool) -> dict:
+    """Sustained ingest alone, on a scratch repo of its own."""
+    bench = Bench(cfg, cfg.state_dir / "bench-stream")
+    try:
+        return _start_and_measure(bench, parallelism, events)
+    finally:
+        bench.close(keep)
+
+
 @click.command()
 @click.option("--events", default=2_000_000, show_default=True, help="backlog for the sustained-ingest figure")
 @click.option("--live-rate", default=10_000.0, show_default=True, help="events/s of the freshness phase")
@@ -306,22 +351,20 @@ def feast_push_rate(bench: Bench, events: int) -> float:
 @click.option("--max-rate", default=50_000.0, show_default=True, help="events/s of the keeping-up phase")
 @click.option("--max-seconds", default=30.0, show_default=True)
 @click.option("--peer-events", default=50_000, show_default=True)
+@click.option("--parallelism", "parallelisms", type=click.IntRange(min=1), multiple=True, default=(1,),
+              show_default=True, help="the stream's --parallelism; repeat it to measure sustained ingest at each "
+              "(e.g. --parallelism 1 --parallelism 2)")
 @click.option("--keep", is_flag=True, help="keep the scratch repo and its stream state")
 @click.pass_obj
 def command(ctx, events: int, live_rate: float, live_seconds: float, probes_per_s: float, max_rate: float,
-            max_seconds: float, peer_events: int, keep: bool) -> None:
+            max_seconds: float, peer_events: int, parallelisms: tuple[int, ...], keep: bool) -> None:
     """Streaming: sustained events/s and produced-to-visible freshness, against Feast's push."""
     cfg = ctx.config()
+    scaling = {p: _sustained_at(cfg, p, events, keep) for p in parallelisms[1:]}
     bench = Bench(cfg, cfg.state_dir / "bench-stream")
     try:
-        featurectl(bench.folder, "apply")
-        click.echo(f"producing {events:,} events and the catalog to {bench.events_topic} ...")
-        produce_backlog(bench, events)
-        click.echo("starting `featurectl stream` (default settings) ...")
-        bench.start_stream()
-        bench.wait(lambda s: s.get("flink_status") == "RUNNING", "the job to run", 300)
-        sustained = sustained_rate(bench, events, timeout_s=900)
-        click.echo(f"sustained ingest: {sustained}")
+        sustained = _start_and_measure(bench, parallelisms[0], events)
+        scaling = {parallelisms[0]: sustained, **scaling}
         fresh = live(bench, live_rate, live_seconds, probes_per_s, part=1)
         internal = bench.status().get("freshness", {})
         click.echo(f"freshness at {live_rate:,.0f} events/s: {fresh}; as the job reports it: {internal}")
@@ -331,10 +374,15 @@ def command(ctx, events: int, live_rate: float, live_seconds: float, probes_per_
         click.echo(f"Feast push: {peer_rate:,.0f} events/s")
     finally:
         bench.close(keep)
+    if len(scaling) > 1:
+        click.echo("sustained ingest by parallelism: " + ", ".join(
+            f"p{p}: {s['events_per_s']:,} events/s, {s['cpu_us_per_event']} µs CPU/event" for p, s in scaling.items()))
     ours = {"events_per_s": sustained["events_per_s"], "freshness_p50_ms": fresh.get("p50_ms"),
             "freshness_p99_ms": fresh.get("p99_ms"), "cpu_us_per_event": sustained["cpu_us_per_event"],
-            "job_reported_lag_p99_ms": internal.get("p99_ms"), f"live_{max_rate:.0f}_per_s": top}
+            "job_reported_lag_p99_ms": internal.get("p99_ms"), f"live_{max_rate:.0f}_per_s": top,
+            "sustained_by_parallelism": {f"p{p}": s for p, s in scaling.items()}}
     params = {"events": events, "live_rate": live_rate, "live_seconds": live_seconds, "probes": fresh.get("probes"),
               "views": ["asset_activity", "asset_attributes"], "peer_events": peer_events,
+              "parallelism": list(parallelisms), "cpus": psutil.cpu_count(),
               "load_average": [round(x, 1) for x in psutil.getloadavg()]}
     emit("stream", ours, {"events_per_s": round(peer_rate)}, params)

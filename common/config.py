@@ -27,6 +27,11 @@ class KafkaSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bootstrap_servers: str = Field("127.0.0.1:19092", description="host:port of the broker listener")
     controller_port: int = Field(19093, description="KRaft controller port of the local single-node broker")
+    partitions: Optional[int] = Field(None, ge=1, description="partitions of the topics `featurectl stream` "
+                                      "creates (source, tiles, dead letters); None: the stream's parallelism. "
+                                      "A source's `kafka_partitions` overrides it for its own topic")
+    replication_factor: int = Field(1, ge=1, description="replicas of the topics `featurectl stream` creates; a "
+                                    "source's `kafka_replication_factor` overrides it for its topics")
 
 
 class PostgresSettings(BaseModel):

@@ -26,7 +26,9 @@ class EventSource:
     `watermark_delay` is the bounded out-of-orderness of the Flink watermark (the watermark trails the greatest
     event time seen by this much); `allowed_lateness` is how far behind the watermark an event may still arrive
     and count: later events go to the dead-letter topic instead. `kafka_topic` feeds streaming jobs; `path`
-    (a Parquet folder, relative to the repo's data folder unless absolute) feeds backfills.
+    (a Parquet folder, relative to the repo's data folder unless absolute) feeds backfills. `kafka_partitions`
+    and `kafka_replication_factor` are how `featurectl stream` creates the topic and its dead-letter and tile
+    topics when they do not exist (default: `platform.kafka`, partitions else the stream's parallelism).
     """
 
     name: str
@@ -37,6 +39,8 @@ class EventSource:
     watermark_delay: str | timedelta = "5s"
     allowed_lateness: str | timedelta = "30s"
     description: str = ""
+    kafka_partitions: Optional[int] = None
+    kafka_replication_factor: Optional[int] = None
 
     def __post_init__(self) -> None:
         where = f"source {backticked(self.name)}"
@@ -62,6 +66,11 @@ class EventSource:
             raise DefinitionError(where, "has neither kafka_topic nor path", "give a topic, a Parquet path, or both")
         if self.kafka_topic is not None:
             check_topic(where, self.kafka_topic)
+        for field in ("kafka_partitions", "kafka_replication_factor"):
+            value = getattr(self, field)
+            if value is not None and (type(value) is not int or not 1 <= value <= 10_000):
+                raise DefinitionError(where, f"{field} {value!r} is not an int from 1 to 10000",
+                                      "give a count of partitions or replicas, or leave it out for the platform's")
         if self.path is not None and not (isinstance(self.path, str) and self.path.isprintable()):
             raise DefinitionError(where, f"path {backticked(self.path)} is not a printable str",
                                   "give the Parquet folder as a str without line breaks or control characters")

@@ -71,10 +71,20 @@ def _print_status(home: Path, status: dict) -> None:
     reasons = ", ".join(f"{k} {v:,}" for k, v in (dead.get("by_reason") or {}).items())
     click.echo(f"  dead letters {dead.get('total', 0):,}" + (f" ({reasons})" if reasons else "")
                + f" in {', '.join(status.get('topics', {}).get('dead_letters', []))}")
+    writers = status.get("writers") or []
+    if writers:
+        click.echo(f"  parallelism {status.get('parallelism', 1)}; window writers: "
+                   + "; ".join(_writer_text(w, alive) for w in writers))
     for name, view in (status.get("views") or {}).items():
         click.echo(f"  view {name}: {view['events']:,} events ({view['events_per_s']:,.0f}/s), "
                    f"{view.get('entities', 0):,} entities, clock {view.get('head_event_time') or '-'}, "
                    f"{view['redis_writes']:,} Redis writes ({view['redis_refused_older']:,} refused as older)")
+
+
+def _writer_text(writer: dict, alive: bool) -> str:
+    state = writer["state"] if writer["alive"] and alive else "not running"
+    restarts = f", restarted {writer['restarts']}x" if writer["restarts"] else ""
+    return f"{writer['writer']} pid {writer['pid']} {state} ({', '.join(writer['partitions']) or '-'}){restarts}"
 
 
 def _progress_line(status: dict, alive: bool) -> str:
@@ -85,6 +95,8 @@ def _progress_line(status: dict, alive: bool) -> str:
     offsets = ", ".join(f"{o['topic']}[{o['partition']}] {o['applied']:,}/{o['end']:,}" for o in lag["offsets"])
     if lag["caught_up"]:
         return f"caught up: every event produced so far is applied and in Redis (offsets {offsets})"
+    if not lag.get("writers_answered", True):
+        return "behind: a window writer is starting (reading its tile partitions back) or did not answer in time"
     return (f"behind: {lag['source_events']:,} events not yet applied by Flink (offsets applied/end {offsets}), "
             f"{lag['tile_updates']:,} tile updates not yet read, {lag['unwritten_entities']:,} entities not yet "
             "written to Redis")
@@ -98,11 +110,15 @@ def _progress_line(status: dict, alive: bool) -> str:
 @click.option("--status", "show_status", is_flag=True, help="report the streams of this repo and exit")
 @click.option("--checkpoint-interval", type=float, default=None, help="seconds between Flink checkpoints [10]")
 @click.option("--mini-batch-latency", type=int, default=None, help="ms an event may wait in a tile mini-batch [500]")
+@click.option("--parallelism", type=click.IntRange(min=1), default=None, help="Flink parallelism and number of "
+              "window writer processes; topics the stream creates get this many partitions, and its source and "
+              "tile topics need at least this many [platform.flink.parallelism]")
 @click.option("--reset", is_flag=True, help="start afresh from the history (a new cutover) instead of resuming "
               "from the latest checkpoint")
 @click.pass_obj
 def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: bool,
-           checkpoint_interval: Optional[float], mini_batch_latency: Optional[int], reset: bool) -> None:
+           checkpoint_interval: Optional[float], mini_batch_latency: Optional[int], parallelism: Optional[int],
+           reset: bool) -> None:
     """Stream feature views: Kafka -> Flink (tiles, dead letters) -> window values in Redis, in Feast's layout.
 
     A first start (or --reset) starts each window from the Parquet history: events before a source's cutover
@@ -130,7 +146,9 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
 
     overrides = {k: v for k, v in (("checkpoint_interval_s", checkpoint_interval),
                                    ("mini_batch_latency_ms", mini_batch_latency)) if v is not None}
-    settings = StreamSettings(parallelism=cfg.platform.flink.parallelism, **overrides)
+    kafka = cfg.platform.kafka
+    settings = StreamSettings(parallelism=parallelism or cfg.platform.flink.parallelism, partitions=kafka.partitions,
+                              replication_factor=kafka.replication_factor, **overrides)
     sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
     target = Target(cfg.project, RedisSettings.from_config(cfg), sources, cfg.state_dir,
                     check_jobmanager(jobmanager or cfg.platform.flink.jobmanager), cfg.key_ttl_seconds)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -19,4 +21,7 @@ class StreamSettings(BaseModel):
                                "newest is applied")
     coalesce_ms: int = Field(1_000, ge=0, description="while behind, the writer writes at most this often")
     status_interval_s: float = Field(1.0, gt=0, description="how often the status file is rewritten")
-    parallelism: int = Field(1, ge=1, description="Flink parallelism")
+    parallelism: int = Field(1, ge=1, description="Flink parallelism and the number of window writer processes")
+    partitions: Optional[int] = Field(None, ge=1, description="partitions of the topics the stream creates (None: "
+                                      "the parallelism)")
+    replication_factor: int = Field(1, ge=1, description="replicas of the topics the stream creates")

@@ -21,6 +21,7 @@ from dsl.compile_stream_source import DEAD_LETTER_COLUMNS, SourceRelation, sourc
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
 from dsl.sql import create_table, quote_ident
+from streaming.partitioning import PARTITIONER_CLASS
 
 # Transactions of the dead-letter sink must outlive a checkpoint interval; 15 minutes is the broker's default cap.
 TRANSACTION_TIMEOUT_MS = 900_000
@@ -103,9 +104,10 @@ class JobPlan:
         columns += [f"{quote_ident(c.name)} {c.sql_type}" for c in job.compiled.tile_columns]
         columns.append(f"PRIMARY KEY ({', '.join(quote_ident(k) for k in (*keys, TILE_START))}) NOT ENFORCED")
         # A mini-batch emits its tile updates at once: 5 ms of linger packs them into a few produce requests.
+        # All tiles of an entity go to one partition (streaming.partitioning), read by one window writer.
         options = {"connector": "upsert-kafka", "topic": job.tiles_topic,
                    "properties.bootstrap.servers": self.bootstrap_servers, "properties.linger.ms": "5",
-                   "key.format": "json", "value.format": "json"}
+                   "properties.partitioner.class": PARTITIONER_CLASS, "key.format": "json", "value.format": "json"}
         return create_table(job.sink, columns, options)
 
     def _dead_letter_sink(self, job: SourceJob) -> str:

@@ -1,5 +1,7 @@
 """What the running job measures: events per second, event-to-Redis lag, writes, dead letters.
 
+Each window writer process counts its own (`totals`, lag samples); the stream's process sums them.
+
 Lag is measured per written tile update: the wall-clock time of the Redis round trip that made its values
 visible minus the greatest event time in that tile. For live events (event time = the moment they were produced)
 that is produced-to-visible freshness; for a replay of old events it is how far behind real time the job is.
@@ -44,6 +46,23 @@ class StreamMetrics:
         self.source_of = sources  # view -> source: events are counted once per source
         self.lags: deque = deque(maxlen=MAX_LAG_SAMPLES)  # (wall seconds, lag ms)
         self.dead_letters: dict[str, int] = {}
+
+    def totals(self) -> dict:
+        """The cumulative figures a window writer process reports to the stream's process."""
+        return {"views": {name: [c.events, c.tiles_applied, c.tiles_stale, c.writes, c.refused]
+                          for name, c in self.views.items()},
+                "dead_letters": dict(self.dead_letters)}
+
+    def sum_totals(self, reports: list[dict]) -> None:
+        """Set the counters to the sum of the writers' latest `totals` (a restarted writer counts again from the
+        tiles it reads back, as a restarted stream does)."""
+        for name, c in self.views.items():
+            c.events, c.tiles_applied, c.tiles_stale, c.writes, c.refused = (
+                sum(r["views"][name][k] for r in reports) for k in range(5))
+        self.dead_letters = {}
+        for report in reports:
+            for reason, n in report["dead_letters"].items():
+                self.dead_letters[reason] = self.dead_letters.get(reason, 0) + n
 
     def record_lags(self, wall_ms: int, clocks: list[int]) -> None:
         now = wall_ms / 1000

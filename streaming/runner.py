@@ -1,5 +1,6 @@
-"""Runs one stream until told to stop: the Flink job (tiles and dead letters) and, in this process, the window
-writer that turns tiles into Redis values; a status file every second; a clean stop that leaves a checkpoint.
+"""Runs one stream until told to stop: the Flink job (tiles and dead letters) and the window writers that turn
+tiles into Redis values (`parallelism` processes, `streaming.writer_pool`, watched from here); a status file every
+second; a clean stop that leaves a checkpoint.
 
 One job per set of views: its folder `<state>/stream/<job>/` holds a lock (one runner at a time), the status
 file, Flink's log, the checkpoints, the generation (`streaming.bootstrap`) and its history tiles. Killed at any
@@ -35,10 +36,11 @@ from streaming.flink_job import FlinkJob, flink_options, latest_checkpoint, prun
 from streaming.job_sql import JobPlan, job_name, plan_job
 from streaming.metrics import StreamMetrics
 from streaming.orphans import stop_orphans
+from streaming.partitioning import require_partitioner
 from streaming.redis_sink import RedisSink
 from streaming.status import stream_root, write_status
 from streaming.topics import SourceLag, ensure_topics
-from streaming.writer import WindowWriter
+from streaming.writer_pool import WriterPool, WriterSpec
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ class StreamRunner:
         self.started = time.time()
         self.state = "starting"
         self.job: Optional[FlinkJob] = None
-        self.writer: Optional[WindowWriter] = None
+        self.writers: Optional[WriterPool] = None
         self.restored_from: Optional[Path] = None
         self.bootstrap: Optional[dict] = None
         self.flink_status: Optional[str] = None
@@ -192,24 +194,22 @@ class StreamRunner:
         if self.target.jobmanager:  # before anything reads the checkpoints an orphan would go on deleting
             self.orphans_stopped = stop_orphans(self.target.jobmanager, self.plan, self.checkpoints)
         try:
-            sink = RedisSink(self.target.redis, self.target.project, self.target.key_ttl_s)
+            RedisSink(self.target.redis, self.target.project, self.target.key_ttl_s).close()
         except RedisUnavailableError as exc:
             raise StreamError(f"{exc}; the stream needs Redis up at its start") from exc
-        ensure_topics(self.plan)
+        require_partitioner()
+        ensure_topics(self.plan, self.settings)
         self.source_lag = SourceLag(self.plan)
         history = history_folder(self.home, self.plan.fingerprint)
         exported_s = None
         if self.fresh or (self.plan.cutovers and not history.is_dir()):
             exported_s = self._start_generation(history)
-        self.writer = WindowWriter(self.plan, sink, self.metrics, self.settings)
-        self.state = "loading history"
-        self._write_status()
-        self.bootstrap = {**self.writer.load_history(history), "export_s": exported_s}
+        spec = WriterSpec(self.plan, self.settings, self.target.redis, self.target.project, self.target.key_ttl_s,
+                          history)
+        self.writers = WriterPool(spec, self.settings.parallelism, self.metrics)
         self.state = "catching up"
         self._write_status()
-        began = time.monotonic()
-        self.writer.catch_up()
-        self.bootstrap["catch_up_s"] = round(time.monotonic() - began, 2)
+        self.bootstrap = {**self.writers.start(), "export_s": exported_s}
         self.restored_from = latest_checkpoint(self.checkpoints)
         if self.restored_from:
             log.info("resuming from checkpoint %s", self.restored_from)
@@ -239,8 +239,8 @@ class StreamRunner:
 
     def _loop(self, stop: threading.Event) -> None:
         next_status = next_check = 0.0
-        while not stop.is_set():
-            self.writer.step()
+        while not stop.wait(0.05):
+            self.writers.check()
             now = time.monotonic()
             if now >= next_check:
                 self.flink_status = self.job.check()
@@ -258,8 +258,8 @@ class StreamRunner:
         if self.job is not None:
             self.job.cancel()
             self.flink_status = "CANCELED"
-        if self.writer is not None:
-            self.writer.close()
+        if self.writers is not None:
+            self.writers.stop()
         if self.source_lag is not None:
             self.source_lag.close()
             self.source_lag = None
@@ -273,11 +273,24 @@ class StreamRunner:
         the entities not yet written."""
         offsets = self.source_lag.offsets()
         source_events = sum(end - applied for _, _, applied, end in offsets)
-        tile_updates = self.writer.tiles_behind()
-        unwritten = self.writer.unwritten()
-        return {"caught_up": source_events == 0 and tile_updates == 0 and unwritten == 0,
-                "source_events": source_events, "tile_updates": tile_updates, "unwritten_entities": unwritten,
+        answered = self.writers.reports()
+        writers = self.writers.progress()
+        return {"caught_up": source_events == 0 and answered and writers["clocks_agree"]
+                and writers["tile_updates"] == 0 and writers["unwritten_entities"] == 0,
+                "source_events": source_events, "tile_updates": writers["tile_updates"],
+                "unwritten_entities": writers["unwritten_entities"], "writers_answered": answered,
                 "offsets": [{"topic": t, "partition": p, "applied": a, "end": e} for t, p, a, e in offsets]}
+
+    def _lag(self) -> Optional[dict]:
+        """The progress while running (the writers' figures summed into the metrics meanwhile), else None."""
+        if self.writers is None or self.source_lag is None or self.state != "running":
+            return None
+        try:
+            return self._progress()
+        except KafkaException as exc:  # Kafka away for a moment: the status goes out without the lag
+            log.warning("measuring the lag: %s", exc)
+            self.writers.reports()
+            return None
 
     def _checkpoint(self) -> Optional[dict]:
         latest = latest_checkpoint(self.checkpoints)
@@ -286,6 +299,7 @@ class StreamRunner:
         return {"path": str(latest), "at": _iso((latest / "_metadata").stat().st_mtime * 1000)}
 
     def _write_status(self) -> None:
+        lag = self._lag()
         status = {
             "job": self.plan.name, "fingerprint": self.plan.fingerprint, "pid": os.getpid(), "state": self.state,
             "project": self.target.project, "started_at": _iso(self.started * 1000),
@@ -297,18 +311,17 @@ class StreamRunner:
             "topics": {"tiles": [v.tiles_topic for v in self.plan.views],
                        "dead_letters": [s.dead_letter_topic for s in self.plan.sources]},
             "consumer_groups": self.plan.consumer_groups,
+            "parallelism": self.settings.parallelism,
+            "writers": self.writers.health() if self.writers is not None else [],
             **self.metrics.snapshot(),
         }
         status["generation"] = {"started_at": _iso(self.generation.started_ms),
                                 "cutovers": {s: _iso(ms) for s, ms in self.plan.cutovers.items()},
                                 "cutovers_ms": dict(self.plan.cutovers), "history": self.bootstrap}
-        if self.writer is not None and self.source_lag is not None and self.state == "running":
-            try:
-                status["lag"] = self._progress()
-            except KafkaException as exc:  # Kafka away for a moment: the status goes out without the lag
-                log.warning("measuring the lag: %s", exc)
-        if self.writer is not None:
-            for view, held in self.writer.held().items():
+        if lag is not None:
+            status["lag"] = lag
+        if self.writers is not None:
+            for view, held in self.writers.held().items():
                 status["views"][view].update(entities=held["entities"], tiles=held["tiles"],
                                              head_event_time=_iso(held["clock_ms"]))
         write_status(self.home, status)

@@ -1,12 +1,17 @@
-"""The Kafka topics a stream writes: per view, a compacted topic of tiles; per source, a dead-letter topic."""
+"""The Kafka topics of a stream: per view, a compacted topic of tiles; per source, a dead-letter topic and the
+source topic itself; their partitions checked against the parallelism."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Optional
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from common.errors import FeaturectlError
+from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
 
 log = logging.getLogger(__name__)
@@ -21,26 +26,82 @@ def tiles_retention_ms(plan: JobPlan, topic: str) -> int:
     return compiled.lookback_ms + HOUR_MS
 
 
-def ensure_topics(plan: JobPlan, timeout_s: float = 30.0) -> None:
-    """Create the topics that are missing (one partition each): tiles, dead letters, and a source topic nobody has
-    written yet (the Kafka source fails on a topic that does not exist); existing ones are kept as they are."""
+class TopicLayoutError(FeaturectlError, ValueError):
+    """The stream's topics cannot serve its parallelism; the message names the topic and what to do."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """How one topic is created when missing, and the fewest partitions it may have."""
+
+    partitions: int
+    replication: int
+    config: Optional[dict[str, str]] = None
+
+
+def topic_specs(plan: JobPlan, settings: StreamSettings) -> dict[str, TopicSpec]:
+    """Every topic of the stream: its source topics, tile topics and dead-letter topics. Partitions: a source's
+    `kafka_partitions` for its own topic, else `settings.partitions`, else the parallelism; each at least the
+    parallelism (a Flink source task or a window writer with no partition would do nothing)."""
+    default = settings.partitions or settings.parallelism
+    specs: dict[str, TopicSpec] = {}
+    for job in plan.sources:
+        source = job.source
+        replicas = source.kafka_replication_factor or settings.replication_factor
+        specs[source.kafka_topic] = TopicSpec(source.kafka_partitions or default, replicas)
+        specs[job.dead_letter_topic] = TopicSpec(default, replicas)
+        for view in plan.views:
+            if view.view.source.name == source.name:
+                specs[view.tiles_topic] = TopicSpec(default, replicas, {
+                    "cleanup.policy": "compact,delete", "retention.ms": str(tiles_retention_ms(plan, view.tiles_topic)),
+                    "segment.ms": str(HOUR_MS)})
+    for topic, spec in specs.items():
+        if spec.partitions < settings.parallelism:
+            raise TopicLayoutError(f"topic {topic} would get {spec.partitions} partitions, fewer than the "
+                                   f"parallelism {settings.parallelism}: raise `platform.kafka.partitions` (or the "
+                                   "source's `kafka_partitions`) or lower `--parallelism`")
+    return specs
+
+
+def ensure_topics(plan: JobPlan, settings: StreamSettings, timeout_s: float = 30.0) -> None:
+    """Create the stream's missing topics (tiles, dead letters, and a source topic nobody has written yet: the Kafka
+    source fails on a topic that does not exist) and check that existing source and tile topics have partitions
+    enough for the parallelism: a Flink source task or window writer without one would idle, not scale."""
+    specs = topic_specs(plan, settings)
+    dead = {s.dead_letter_topic for s in plan.sources}  # any count will do: writers share out what there is
     admin = AdminClient({"bootstrap.servers": plan.bootstrap_servers})
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
-    wanted = [NewTopic(s.source.kafka_topic, 1, 1) for s in plan.sources if s.source.kafka_topic not in existing]
-    wanted += [NewTopic(v.tiles_topic, 1, 1, config={
-        "cleanup.policy": "compact,delete", "retention.ms": str(tiles_retention_ms(plan, v.tiles_topic)),
-        "segment.ms": str(HOUR_MS)}) for v in plan.views if v.tiles_topic not in existing]
-    wanted += [NewTopic(s.dead_letter_topic, 1, 1) for s in plan.sources if s.dead_letter_topic not in existing]
+    metadata = admin.list_topics(timeout=timeout_s)
+    for topic, spec in specs.items():
+        have = metadata.topics.get(topic)
+        if have is not None and topic not in dead and len(have.partitions) < settings.parallelism:
+            raise TopicLayoutError(_too_few(plan, topic, len(have.partitions), settings.parallelism))
+    brokers = len(metadata.brokers)
+    wanted = [NewTopic(t, s.partitions, s.replication, config=s.config or {}) for t, s in specs.items()
+              if t not in metadata.topics]
+    for topic in wanted:
+        if topic.replication_factor > brokers:
+            raise TopicLayoutError(f"topic {topic.topic} would get {topic.replication_factor} replicas but Kafka at "
+                                   f"{plan.bootstrap_servers} has {brokers} broker(s): lower "
+                                   "`platform.kafka.replication_factor` (or the source's `kafka_replication_factor`)")
     if not wanted:
         return
     for topic, future in admin.create_topics(wanted, operation_timeout=timeout_s).items():
         try:
             future.result()
-            log.info("created topic %s", topic)
+            log.info("created topic %s (%d partitions)", topic, specs[topic].partitions)
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
 
+
+def _too_few(plan: JobPlan, topic: str, partitions: int, parallelism: int) -> str:
+    if any(v.tiles_topic == topic for v in plan.views):
+        fix = (f"run it with `--parallelism {partitions}` or lower, or start a new generation with `--reset` "
+               "(new tile topics)")
+    else:
+        fix = (f"add partitions (`kafka-topics.sh --alter --topic {topic} --partitions {parallelism}`) or run with "
+               f"`--parallelism {partitions}`")
+    return f"topic {topic} has {partitions} partition(s), fewer than the parallelism {parallelism}: {fix}"
 
 
 class SourceLag:

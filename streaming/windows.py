@@ -229,6 +229,13 @@ class WindowState:
         values = [v[j] for _, v in self._window_tiles(entity, slot) if v[j] is not None]
         return math.fsum(values) if values else None
 
+    def follow(self, head_ms: Optional[int]) -> None:
+        """Take the view's clock from the other window writers (each holds the tiles of its own entities): every
+        entity here slides as it would had their tiles come through this writer."""
+        if head_ms is not None and (self.head_ms is None or head_ms > self.head_ms):
+            self.head_ms = head_ms
+            self.advance(head_ms // self.layout.tile_ms)
+
     def advance(self, tile: int) -> None:
         """Move the clock to `tile`: tiles leave the windows they no longer belong to, for every entity."""
         previous = self.current

@@ -1,5 +1,10 @@
 """The window writer: the job's tile topics -> per-view window state -> Redis, and dead letters -> counts.
 
+`featurectl stream --parallelism N` runs N of them, each in a process of its own (`streaming.writer_pool`):
+writer `i` reads the partitions `p % N == i` of every tile and dead-letter topic, holds the windows of the
+entities there (all tiles of an entity share a partition, `streaming.partitioning`) and shares each view's
+clock with the others (`streaming.shared_clock`).
+
 It keeps no state of its own on disk. On start it reads the tile topics from their beginning to their current
 end (compaction and retention keep them at one version per entity and tile within the longest window) and only
 then writes Redis, so a restart resumes from state at least as new as what Redis holds; it then follows the
@@ -14,6 +19,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -21,7 +27,9 @@ from streaming.bootstrap import read_tiles
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
 from streaming.metrics import StreamMetrics
+from streaming.partitioning import entity_partition, owned_partitions
 from streaming.redis_sink import RedisSink
+from streaming.shared_clock import SharedClock
 from streaming.tile_codec import TileDecoder
 from streaming.windows import ViewLayout, WindowState
 
@@ -57,9 +65,11 @@ def latest_versions(messages: list) -> list:
 
 
 class WindowWriter:
-    """Follows the tile topics of `plan` and keeps Redis equal to the window values they imply."""
+    """Follows its partitions of the tile topics of `plan` (writer `writer` of `writers`) and keeps Redis equal to
+    the window values they imply; `clock` shares the views' clocks with the other writers (None: the only one)."""
 
-    def __init__(self, plan: JobPlan, sink: RedisSink, metrics: StreamMetrics, settings: StreamSettings):
+    def __init__(self, plan: JobPlan, sink: RedisSink, metrics: StreamMetrics, settings: StreamSettings,
+                 writer: int = 0, writers: int = 1, clock: Optional[SharedClock] = None):
         self.sink = sink
         self.metrics = metrics
         self.batch = settings.consume_batch
@@ -70,6 +80,7 @@ class WindowWriter:
         self._redis_checked = time.monotonic()
         self.views = {job.tiles_topic: _View(job, metrics) for job in plan.views}
         self.cutovers = dict(plan.cutovers)
+        self.writer, self.writers, self.clock = writer, writers, clock
         common = {"bootstrap.servers": plan.bootstrap_servers, "enable.auto.commit": False,
                   "group.id": f"featurectl-writer-{plan.fingerprint}", "fetch.wait.max.ms": 10}
         self.tiles = Consumer({**common, "isolation.level": "read_uncommitted"})
@@ -78,19 +89,32 @@ class WindowWriter:
         self.dead.assign(self._partitions([s.dead_letter_topic for s in plan.sources]))
 
     def _partitions(self, topics: list[str]) -> list[TopicPartition]:
+        """This writer's partitions of `topics`, from their beginning."""
         metadata = self.tiles.list_topics(timeout=30)
-        return [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in metadata.topics[t].partitions]
+        return [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics
+                for p in owned_partitions(len(metadata.topics[t].partitions), self.writer, self.writers)]
+
+    def _owns(self, topic: str) -> Callable[[tuple], bool]:
+        """Whether an entity's tiles are in this writer's partitions of `topic`."""
+        count = len(self.tiles.list_topics(topic, timeout=30).topics[topic].partitions)
+        mine = set(owned_partitions(count, self.writer, self.writers))
+        return lambda key: entity_partition(key, count) in mine
+
+    def assignment(self) -> list[str]:
+        """`topic[partition]` of every tile partition this writer reads."""
+        return [f"{tp.topic}[{tp.partition}]" for tp in self.tiles.assignment()]
 
     def load_history(self, folder: Path) -> dict:
         """Seed every view's windows with its history tiles (`<folder>/<view>/`, tiles before its source's
         cutover); returns what was loaded and how long it took."""
         began = time.monotonic()
         loaded = {}
-        for view in self.views.values():
+        for topic, view in self.views.items():
             cutover = self.cutovers.get(view.compiled.source)
             if cutover is None:
                 continue
-            rows = list(read_tiles(folder / view.compiled.view, view.compiled))
+            owns = self._owns(topic)
+            rows = [row for row in read_tiles(folder / view.compiled.view, view.compiled) if owns(row[0])]
             loaded[view.layout.name] = {"tiles": len(rows), "entities": view.state.load_history(rows, cutover)}
         seconds = time.monotonic() - began
         if loaded:
@@ -99,7 +123,7 @@ class WindowWriter:
         return {"views": loaded, "load_s": round(seconds, 2)}
 
     def catch_up(self, timeout_s: float = 600.0) -> int:
-        """Read every tile update written so far without writing Redis, then write every entity once."""
+        """Read every tile update written so far without writing Redis (`write_all` then writes them)."""
         ends = {(tp.topic, tp.partition): self.tiles.get_watermark_offsets(tp, timeout=30)[1]
                 for tp in self.tiles.assignment()}
         done = {k: 0 for k in ends}
@@ -113,13 +137,27 @@ class WindowWriter:
                 done[(message.topic(), message.partition())] = message.offset() + 1
             for message in latest_versions(messages):
                 applied += bool(self._apply(message)[0])
+        self._share_clock()
+        log.info("caught up on %d tile updates (%s)", applied, ", ".join(
+            f"{v.layout.name}: {len(v.state.entities)} entities" for v in self.views.values()))
+        return applied
+
+    def write_all(self) -> None:
+        """Write every entity held, at the views' clocks (once every writer has caught up: the clocks are theirs
+        too)."""
+        self._share_clock()
         for view in self.views.values():
             view.state.dirty = set(view.state.entities)
             view.counters.history.clear()
         self._flush([])
-        log.info("caught up on %d tile updates (%s)", applied, ", ".join(
-            f"{v.layout.name}: {len(v.state.entities)} entities" for v in self.views.values()))
-        return applied
+
+    def _share_clock(self) -> None:
+        """Publish this writer's clock of each view and follow the greatest over all writers."""
+        if self.clock is None:
+            return
+        for i, view in enumerate(self.views.values()):
+            self.clock.publish(i, view.state.head_ms)
+            view.state.follow(self.clock.head(i))
 
     def step(self, timeout_s: float = 0.1) -> int:
         """Take one batch of tile updates and write what changed; returns how many updates it took.
@@ -131,6 +169,7 @@ class WindowWriter:
             added, clock = self._apply(message)
             if added:
                 self._clocks.append(clock)
+        self._share_clock()
         behind = len(messages) == self.batch
         if time.monotonic() - self._redis_checked >= REDIS_CHECK_S:
             self._rewrite_if_redis_restarted()

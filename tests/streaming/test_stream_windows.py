@@ -153,3 +153,36 @@ def test_windows_started_from_history_equal_the_oracle_over_history_and_live(see
     for rows in feed(state, VIEW, live, cuts, replay_from=3):
         served.update(rows)
     check(state, VIEW, served, events)
+
+
+def test_writers_sharing_a_clock_equal_one_writer():
+    """Entities split over two states (two window writers), each fed only its own entities' tile updates and
+    following the greatest clock of both (`SharedClock`): together they serve the oracle's values, quiet entities
+    of one writer sliding with the other writer's clock."""
+    from streaming.partitioning import entity_partition
+    from streaming.shared_clock import NONE, SharedClock
+
+    rng = random.Random(8)
+    events = make_events(rng, 1_500, minutes=45)
+    events += [{"shop": "late_quiet", "user": "u1", "kind": "buy", "price": 1.0, "qty": 1, "ts": T0}]
+    events.sort(key=lambda e: e["ts"])
+    cuts = sorted(rng.sample(range(1, len(events)), 50)) + [len(events)]
+    names = [c.name for c in compile_view(VIEW, SourceSettings("x:1", Path("/"))).tile_columns]
+    heads = [NONE, NONE]
+    states = [new_state(VIEW), new_state(VIEW)]
+    clocks = [SharedClock(heads, 1, w) for w in range(2)]
+    served: dict = {}
+    previous: dict = {}
+    for cut in cuts:
+        tiles = tile_oracle.tiles(VIEW, events[:cut], Path("/"))
+        for (*key, start), values in tiles.items():
+            if previous.get((*key, start)) != values:
+                states[entity_partition(tuple(key), 2)].apply(tuple(key), start, tuple(values[n] for n in names))
+        previous = tiles
+        for state, clock in zip(states, clocks):
+            clock.publish(0, state.head_ms)
+        for state, clock in zip(states, clocks):
+            state.follow(clock.head(0))
+            served.update(state.take_dirty())
+    assert {len(s.entities) > 0 for s in states} == {True} and states[0].current == states[1].current
+    check(states[0], VIEW, served, events)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Iterator, NamedTuple, Optional
 
 import yaml
+
+from featurectl.services.scratch_redis import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,22 +63,6 @@ def register_repo(repo: Path):
     store.apply(compile_repo(cfg.repo_path, SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir))
                 .feast.all())
     return store
-
-
-def stop_process(process: subprocess.Popen, grace_s: float = 20) -> None:
-    """SIGTERM, and SIGKILL if it has not exited after `grace_s`: how every test stops the server it started."""
-    process.terminate()
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class CliServer(NamedTuple):

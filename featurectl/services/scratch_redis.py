@@ -21,7 +21,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _stop(process: subprocess.Popen, grace_s: float = 10) -> None:
+def stop_process(process: subprocess.Popen, grace_s: float = 20) -> None:
+    """SIGTERM, and SIGKILL if it has not exited after `grace_s`."""
     process.terminate()
     try:
         process.wait(grace_s)
@@ -89,7 +90,7 @@ class RedisServer:
     def stop(self) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGCONT)
-            _stop(self.process)
+            stop_process(self.process, 10)
 
 
 def _wait_until(check, what: str, timeout_s: float = 30) -> None:

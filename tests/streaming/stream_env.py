@@ -184,9 +184,11 @@ class EventLog:
 
 
 def produce(topic: str, payloads: list[Optional[bytes]], bootstrap: str = BOOTSTRAP) -> None:
+    """Into partition 0, in order: a payload's offset is then its index in the `EventLog`, however many partitions
+    the topic has (a stream at parallelism N creates N)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "message.max.bytes": 2_000_000})
     for payload in payloads:
-        producer.produce(topic, value=payload)
+        producer.produce(topic, value=payload, partition=0)
         producer.poll(0)
     assert producer.flush(60) == 0, "could not deliver the test events to Kafka"
 
@@ -196,7 +198,8 @@ def dead_letters(topic: str, expected: int, timeout_s: float = 60.0, bootstrap: 
     any that should not be)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(f"{topic}.dead-letters", 0, 0)])
+    partitions = consumer.list_topics(f"{topic}.dead-letters", timeout=10).topics[f"{topic}.dead-letters"].partitions
+    consumer.assign([TopicPartition(f"{topic}.dead-letters", p, 0) for p in partitions])
     out: list[dict] = []
     deadline = time.monotonic() + timeout_s
     try:

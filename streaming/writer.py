@@ -188,7 +188,8 @@ class WindowWriter:
         if self._redis_run_id is not None and run_id != self._redis_run_id:
             for view in self.views.values():
                 view.state.dirty = set(view.state.entities)
-            log.warning("Redis restarted (run id %s -> %s): writing every entity again", self._redis_run_id, run_id)
+            log.warning("Redis restarted or a cluster master failed over (run id %s -> %s): writing every entity again",
+                        self._redis_run_id, run_id)
         self._redis_run_id = run_id
 
     def _take(self, timeout_s: float) -> list:

@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional, Sequence
 
 import click
 import psutil
@@ -37,6 +37,7 @@ import redis
 import yaml
 
 from bench._cli import featurectl
+from bench._cpu import process_cpu_s
 from bench._report import emit, percentiles
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,25 @@ VIEWS = ("asset_activity", "asset_attributes")
 SOURCES = {"asset_activity": "interactions", "asset_attributes": "catalog"}
 
 
+class Cpu(NamedTuple):
+    """CPU seconds of a stream's processes: its own JVM (the whole job on the mini-cluster, the client on a
+    session cluster), its Python processes, and the session cluster's JVMs."""
+
+    jvm: float
+    python: float
+    cluster: float = 0.0
+
+
 class Bench:
     """A scratch repo (own project and topics), its stream subprocess, and the clean-up of both."""
 
-    def __init__(self, cfg, folder: Path, data_dir: Optional[Path] = None, views: tuple[str, ...] = VIEWS):
+    def __init__(self, cfg, folder: Path, data_dir: Optional[Path] = None, views: tuple[str, ...] = VIEWS,
+                 jobmanager: Optional[str] = None, cluster_pids: Sequence[int] = ()):
+        """`jobmanager`: run the job on that session cluster instead of the mini-cluster; `cluster_pids`: its
+        JobManager's and TaskManagers' JVMs, whose CPU is the job's there (they are not the stream's children)."""
         self.cfg = cfg
+        self.jobmanager = jobmanager
+        self.cluster_pids = tuple(cluster_pids)
         run = uuid.uuid4().hex[:8]
         self.project, self.events_topic, self.catalog_topic = f"streambench_{run}", f"bench-events-{run}", \
             f"bench-catalog-{run}"
@@ -89,8 +104,9 @@ class Bench:
 
     def start_stream(self, parallelism: int = 1) -> None:
         log_file = (self.folder / "stream.log").open("w")
+        target = ["--jobmanager", self.jobmanager] if self.jobmanager else []
         self.stream = subprocess.Popen([sys.executable, "-m", "featurectl", "--repo", str(self.folder), "stream",
-                                        "--parallelism", str(parallelism)],
+                                        "--parallelism", str(parallelism), *target],
                                        cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop_stream(self) -> None:
@@ -117,8 +133,9 @@ class Bench:
             time.sleep(0.25)
         raise click.ClickException(f"timed out waiting for {what}; see {self.folder / 'stream.log'}")
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """CPU time so far of the stream's JVM, and of its Python processes (the stream and its window writers)."""
+    def cpu_seconds(self) -> Cpu:
+        """CPU time so far of the stream's JVM, of its Python processes (the stream and its window writers), and of
+        the session cluster's JVMs with their children (none on the mini-cluster, which is the stream's JVM)."""
         proc = psutil.Process(self.stream.pid)
         jvm = python = 0.0
         for p in [proc, *proc.children(recursive=True)]:
@@ -127,7 +144,7 @@ class Bench:
                 jvm, python = (jvm + seconds, python) if p.name() == "java" else (jvm, python + seconds)
             except psutil.NoSuchProcess:
                 continue
-        return jvm, python
+        return Cpu(jvm, python, sum(process_cpu_s(pid) for pid in self.cluster_pids))
 
     def close(self, keep: bool) -> None:
         from confluent_kafka.admin import AdminClient
@@ -203,12 +220,16 @@ def sustained_rate(bench: Bench, n: int, timeout_s: float) -> dict:
     if len(started) < 2:
         raise click.ClickException(f"the job applied {samples[-1][1]:,} of {n:,} events in {timeout_s:.0f}s; see "
                                    f"{bench.folder / 'stream.log'}")
-    t1, e1, (j1, p1) = started[0]
-    t2, e2, (j2, p2) = next((s for s in started if s[1] >= 0.95 * n), started[-1])
+    t1, e1, c1 = started[0]
+    t2, e2, c2 = next((s for s in started if s[1] >= 0.95 * n), started[-1])
     per_event = lambda seconds: round(seconds / (e2 - e1) * 1e6, 1)  # noqa: E731
-    return {"events_per_s": round((e2 - e1) / (t2 - t1)), "cpu_us_per_event": per_event(j2 - j1 + p2 - p1),
-            "jvm_us_per_event": per_event(j2 - j1), "writers_us_per_event": per_event(p2 - p1),
-            "applied": samples[-1][1]}
+    jvm, python, cluster = (b - a for a, b in zip(c1, c2))
+    out = {"events_per_s": round((e2 - e1) / (t2 - t1)), "cpu_us_per_event": per_event(jvm + python + cluster),
+           "jvm_us_per_event": per_event(jvm + cluster), "writers_us_per_event": per_event(python),
+           "applied": samples[-1][1]}
+    if bench.cluster_pids:  # the JVM figure split: the job's TaskManagers (and JobManager), the stream's client JVM
+        out.update(cluster_jvms_us_per_event=per_event(cluster), client_jvm_us_per_event=per_event(jvm))
+    return out
 
 
 class ProbePoller(threading.Thread):
@@ -320,7 +341,7 @@ def feast_push_rate(bench: Bench, events: int) -> float:
     return events / (time.perf_counter() - started)
 
 
-def _start_and_measure(bench: Bench, parallelism: int, events: int) -> dict:
+def start_and_measure(bench: Bench, parallelism: int, events: int) -> dict:
     """The backlog into fresh topics of `parallelism` partitions, a stream at that parallelism, its sustained rate."""
     featurectl(bench.folder, "apply")
     bench.create_topics(parallelism)
@@ -334,11 +355,12 @@ def _start_and_measure(bench: Bench, parallelism: int, events: int) -> dict:
     return sustained
 
 
-def _sustained_at(cfg, parallelism: int, events: int, keep: bool) -> dict:
-    """Sustained ingest alone, on a scratch repo of its own."""
-    bench = Bench(cfg, cfg.state_dir / "bench-stream")
+def sustained_at(cfg, parallelism: int, events: int, keep: bool = False, jobmanager: Optional[str] = None,
+                 cluster_pids: Sequence[int] = ()) -> dict:
+    """Sustained ingest alone, on a scratch repo of its own (on a session cluster when `jobmanager` is given)."""
+    bench = Bench(cfg, cfg.state_dir / "bench-stream", jobmanager=jobmanager, cluster_pids=cluster_pids)
     try:
-        return _start_and_measure(bench, parallelism, events)
+        return start_and_measure(bench, parallelism, events)
     finally:
         bench.close(keep)
 
@@ -360,10 +382,10 @@ def command(ctx, events: int, live_rate: float, live_seconds: float, probes_per_
             max_seconds: float, peer_events: int, parallelisms: tuple[int, ...], keep: bool) -> None:
     """Streaming: sustained events/s and produced-to-visible freshness, against Feast's push."""
     cfg = ctx.config()
-    scaling = {p: _sustained_at(cfg, p, events, keep) for p in parallelisms[1:]}
+    scaling = {p: sustained_at(cfg, p, events, keep) for p in parallelisms[1:]}
     bench = Bench(cfg, cfg.state_dir / "bench-stream")
     try:
-        sustained = _start_and_measure(bench, parallelisms[0], events)
+        sustained = start_and_measure(bench, parallelisms[0], events)
         scaling = {parallelisms[0]: sustained, **scaling}
         fresh = live(bench, live_rate, live_seconds, probes_per_s, part=1)
         internal = bench.status().get("freshness", {})

@@ -27,6 +27,7 @@ import window_oracle
 from cli_helpers import ROOT
 from dsl import load_repo
 from dsl.feature_view import FeatureView
+from feature_repo.sample_data import SampleSpec, interaction_columns
 from redis_store import layout as redis_layout
 from streaming.status import read_statuses
 
@@ -263,4 +264,19 @@ def same(a: Any, b: Any) -> bool:
 def mismatches(want: dict[str, dict], got: dict[str, dict], names: list[str]) -> list:
     return [(k, n, want[k][n], got.get(k, {}).get(n)) for k in want for n in names
             if not same(want[k][n], got.get(k, {}).get(n))]
+
+
+def sample_events(spec: SampleSpec, n: int, start: int, end: int, part: int, null_dwell: bool = False) -> list[dict]:
+    """`n` of the example's interactions in [start, end), in time order; a sampled negative `dwell_ms` is left out
+    of its event, or sent as NULL with `null_dwell` (both mean no value for the views)."""
+    cols = interaction_columns(spec, start, end, n, part)
+    out = [{c: (int(cols[c][i]) if c in ("dwell_ms", "event_time") else str(cols[c][i])) for c in COLUMNS}
+           for i in range(n)]
+    for event in out:
+        if event["dwell_ms"] < 0:
+            if null_dwell:
+                event["dwell_ms"] = None
+            else:
+                del event["dwell_ms"]
+    return sorted(out, key=lambda e: e["event_time"])
 

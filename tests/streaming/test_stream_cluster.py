@@ -23,10 +23,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import window_oracle
 from cli_helpers import featurectl
-from feature_repo.sample_data import SampleSpec, interaction_columns
+from feature_repo.sample_data import SampleSpec
 from featurectl.services.scratch_redis import RedisServer, master_with_replica, redis_cluster
 from stream_env import (BOOTSTRAP, COLUMNS, EventLog, StreamProcess, StreamRepo, dead_letters, dead_payload,
-                        expected, mismatches, produce)
+                        expected, mismatches, produce, sample_events)
 
 pytestmark = pytest.mark.integration
 
@@ -39,14 +39,8 @@ HISTORY_MS = 60 * MINUTE
 
 
 def events(n: int, start: int, end: int, part: int) -> list[dict]:
-    """`n` sample interactions in [start, end), in time order; a view's dwell_ms absent (NULL) otherwise."""
-    cols = interaction_columns(SPEC, start, end, n, part)
-    out = [{c: (int(cols[c][i]) if c in ("dwell_ms", "event_time") else str(cols[c][i])) for c in COLUMNS}
-           for i in range(n)]
-    for event in out:
-        if event["dwell_ms"] < 0:
-            del event["dwell_ms"]
-    return sorted(out, key=lambda e: e["event_time"])
+    """`n` sample interactions in [start, end), in time order; a view's dwell_ms absent now and then."""
+    return sample_events(SPEC, n, start, end, part, null_dwell=False)
 
 
 def iso(ms: int) -> str:

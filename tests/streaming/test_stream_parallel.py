@@ -17,8 +17,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cli_helpers import featurectl
-from feature_repo.sample_data import SampleSpec, interaction_columns
-from stream_env import BOOTSTRAP, COLUMNS, StreamProcess, StreamRepo, expected, mismatches, served
+from feature_repo.sample_data import SampleSpec
+from stream_env import BOOTSTRAP, COLUMNS, StreamProcess, StreamRepo, expected, mismatches, sample_events, served
 from streaming.partitioning import entity_partition
 
 pytestmark = pytest.mark.integration
@@ -31,13 +31,8 @@ SOURCE_PARTITIONS = 3
 
 
 def events(n: int, start: int, end: int, part: int) -> list[dict]:
-    cols = interaction_columns(SPEC, start, end, n, part)
-    out = [{c: (int(cols[c][i]) if c in ("dwell_ms", "event_time") else str(cols[c][i])) for c in COLUMNS}
-           for i in range(n)]
-    for event in out:
-        if event["dwell_ms"] < 0:
-            event["dwell_ms"] = None
-    return sorted(out, key=lambda e: e["event_time"])
+    """`n` sample interactions in [start, end), in time order; a view's dwell_ms NULL now and then."""
+    return sample_events(SPEC, n, start, end, part, null_dwell=True)
 
 
 def produce_spread(topic: str, batch: list[dict]) -> None:

@@ -149,3 +149,17 @@ def test_a_source_topic_with_fewer_partitions_than_the_parallelism_is_refused(tm
         assert done.returncode == 2 and "--parallelism" in done.stderr
     finally:
         repo.cleanup()
+
+
+def test_more_replicas_than_brokers_is_refused_before_any_topic_is_made(tmp_path, local_services):
+    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_par_rf")
+    config = repo.folder / "feature_store.yaml"
+    config.write_text(config.read_text().replace("  kafka:\n", "  kafka:\n    replication_factor: 3\n"))
+    try:
+        done = featurectl("--repo", str(repo.folder), "stream")
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert "would get 3 replicas but Kafka at" in done.stderr and "replication_factor" in done.stderr
+        topics = AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(timeout=10).topics
+        assert repo.topic not in topics and f"{repo.topic}.dead-letters" not in topics
+    finally:
+        repo.cleanup()

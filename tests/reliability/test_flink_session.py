@@ -179,3 +179,27 @@ def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_kille
             if job["state"] not in ENDED:
                 cluster.rest.cancel(job["jid"])
         repo.cleanup()
+
+
+def test_a_restart_with_other_sql_cancels_the_orphan_instead_of_restoring_it(cluster, tmp_path):
+    """A client killed, then restarted with `--reset` (a new generation, so other SQL): the orphan cannot be
+    restored into the new job, so it is cancelled, not stopped with a savepoint; the new job runs from nothing."""
+    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_session_reset")
+    settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
+    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": 1}
+    (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    stream = StreamProcess(repo, tmp_path / "stream-1.log")
+    try:
+        first = stream.wait_running()
+        stream.kill()
+        orphan = first["flink_job_id"]
+        assert cluster.rest.state(orphan) == "RUNNING"
+        stream = StreamProcess(repo, tmp_path / "stream-2.log", "--reset")
+        status = stream.wait_running()
+        assert status["orphans_stopped"] == [orphan] and status["fingerprint"] != first["fingerprint"]
+        assert cluster.rest.state(orphan) == "CANCELED" and not status["restored_from"]
+        assert [j["jid"] for j in stream_jobs(cluster, repo) if j["state"] == "RUNNING"] == [status["flink_job_id"]]
+        assert stream.stop() == 0
+    finally:
+        stream.kill()
+        repo.cleanup()

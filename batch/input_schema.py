@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 from common.errors import FeaturectlError
 from dsl.compile_flink import source_path
 from dsl.feature_view import FeatureView
-from dsl.features import Attribute
 from dsl.source import EventSource
 from dsl.types import ValueType
 
@@ -53,7 +52,7 @@ class SourceNeeds:
         keys: dict[str, dict[str, None]] = {}
         for view in views:
             sources[view.source.name] = view.source
-            for column in _columns_read(view):
+            for column in view.columns_read:
                 readers.setdefault(view.source.name, {}).setdefault(column, []).append(view.name)
             keys.setdefault(view.source.name, {}).update(dict.fromkeys(view.entity.join_keys))
         return [cls(sources[name], {c: tuple(v) for c, v in columns.items()}, tuple(keys[name]))
@@ -63,19 +62,6 @@ class SourceNeeds:
     def event_time(cls, source: EventSource) -> "SourceNeeds":
         """Only the source's event time: what finding where its history ends reads."""
         return cls(source, {source.timestamp_field: ()})
-
-
-def _columns_read(view: FeatureView) -> list[str]:
-    columns = [*view.entity.join_keys, view.source.timestamp_field]
-    for feature in view.features:
-        if isinstance(feature, Attribute):
-            columns.append(feature.column)
-            continue
-        if feature.column:
-            columns.append(feature.column)
-        if feature.filter is not None:
-            columns.extend(sorted(feature.filter.columns()))
-    return list(dict.fromkeys(columns))
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,18 @@ class FeatureView:
     def feature_names(self) -> list[str]:
         return [name for feature in self.features for name in feature.feature_names]
 
+    @property
+    def columns_read(self) -> list[str]:
+        """The source columns the view's queries read, in order, each once: join keys, event time, then what each
+        feature aggregates, keeps or filters on (the input checks need these and no others)."""
+        columns = [*self.entity.join_keys, self.source.timestamp_field]
+        for feature in self.features:
+            if feature.column:
+                columns.append(feature.column)
+            if isinstance(feature, Aggregation) and feature.filter is not None:
+                columns.extend(sorted(feature.filter.columns()))
+        return list(dict.fromkeys(columns))
+
     def output_schema(self) -> dict[str, ValueType]:
         """Served feature name -> type, in declaration order."""
         schema = self.source.schema

@@ -148,14 +148,12 @@ class GenerationApp:
                     return _error(405, "/generate takes POST with a JSON body", "method_not_allowed",
                                   [(b"allow", b"POST")])
                 return await self.generate(body, api_key)
-            if path.startswith("/jobs/"):
+            if path.startswith("/jobs/") or path in self.routes:
                 if method not in ("GET", "HEAD"):
                     return _error(405, f"{path} takes GET", "method_not_allowed", [(b"allow", b"GET, HEAD")])
+                if path in self.routes:
+                    return await self.routes[path]()
                 return self.job(path[len("/jobs/"):], api_key)
-            if path in self.routes:
-                if method not in ("GET", "HEAD"):
-                    return _error(405, f"{path} takes GET", "method_not_allowed", [(b"allow", b"GET, HEAD")])
-                return await self.routes[path]()
         except Exception as exc:  # a bug, not the request: log it, answer JSON, keep serving
             log.exception("%s %s failed", method, path)
             return _error(500, f"internal error ({type(exc).__name__}); see the server log", "internal")

@@ -14,11 +14,8 @@ import logging
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-
 from batch.backfill_log import BackfillLog
-from batch.input_schema import SourceNeeds, check_history
+from batch.input_schema import HistoryCheck, SourceNeeds, check_history
 from batch.tile_export import TileJob, export_tiles
 from common.flink import create_table_env
 from common.instants import format_epoch_ms, from_epoch_ms
@@ -42,25 +39,13 @@ class ParquetHistory:
         self.parallelism = parallelism
         self._warned: set[str] = set()
 
-    def history_end(self, source: EventSource) -> Optional[int]:
-        """The greatest event time in the source's Parquet history, or None when it has none."""
-        folder = source_path(source, self.data_dir)
-        if not folder.is_dir():
-            return None
-        dataset = ds.dataset(folder, format="parquet")
-        if not dataset.files:
-            return None
-        column = dataset.to_table(columns=[source.timestamp_field]).column(0)
-        greatest = pc.max(column).as_py()
-        return None if greatest is None else int(greatest)
-
     def cutovers(self, sources: Sequence[EventSource], now_ms: int) -> dict[str, int]:
         """Per source with history: one past its last event, at most `now_ms`; sources without history are left
         out (their streams count every Kafka event they read), with a warning."""
-        self._check([SourceNeeds.event_time(s) for s in sources])
+        latest = self._check([SourceNeeds.event_time(s) for s in sources]).latest_ms
         out = {}
         for source in sources:
-            end = self.history_end(source)
+            end = latest[source.name]
             if end is None:
                 log.warning("source `%s` has no history at %s: its windows start empty and count only the events "
                             "the stream reads from Kafka; to start them from history, write its Parquet files "
@@ -92,13 +77,15 @@ class ParquetHistory:
         self._warn_gaps(jobs)
         return folders
 
-    def _check(self, needs: list[SourceNeeds]) -> None:
+    def _check(self, needs: list[SourceNeeds]) -> HistoryCheck:
         """The history's files against what is read of them (`batch.input_schema`); each warning is shown once,
         though the cutovers and the export both check the event times."""
-        for warning in check_history(needs, self.data_dir, require_rows=False).warnings:
+        checked = check_history(needs, self.data_dir, require_rows=False)
+        for warning in checked.warnings:
             if warning not in self._warned:
                 self._warned.add(warning)
                 log.warning(warning)
+        return checked
 
     def _warn_gaps(self, jobs: list[TileJob]) -> None:
         """Say which parts of the history before a cutover no backfill computed: the stream is right without

@@ -66,9 +66,11 @@ class SourceNeeds:
 
 @dataclass(frozen=True)
 class HistoryCheck:
-    """What the check found: the rows of each source's history (all its files) and the warnings to show."""
+    """What the check found: the rows of each source's history (all its files), its greatest event time (None
+    without one) and the warnings to show."""
 
     rows: Mapping[str, int]
+    latest_ms: Mapping[str, Optional[int]]
     warnings: tuple[str, ...]
 
 
@@ -80,6 +82,7 @@ class _Tally:
     files: int = 0
     bad_files: int = 0
     rows: int = 0
+    latest_ms: Optional[int] = None
     empty: list[Path] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     example: dict[str, Path] = field(default_factory=dict)
@@ -105,6 +108,7 @@ def check_history(needs: Sequence[SourceNeeds], data_dir: Path, *, require_rows:
     folder, no files, only empty files) is an error, as for a backfill; else it counts 0 rows."""
     problems: dict[str, list[Path]] = {}
     rows: dict[str, int] = {}
+    latest: dict[str, Optional[int]] = {}
     warnings: list[str] = []
     for need in needs:
         folder = source_path(need.source, data_dir)
@@ -115,7 +119,7 @@ def check_history(needs: Sequence[SourceNeeds], data_dir: Path, *, require_rows:
             tally.bad_files += bool(found)
             for problem in found:
                 problems.setdefault(problem, []).append(path)
-        rows[need.source.name] = tally.rows
+        rows[need.source.name], latest[need.source.name] = tally.rows, tally.latest_ms
         if require_rows and not tally.files:
             problems.setdefault(f"source `{need.source.name}` has no history at {folder}: write Parquet files there "
                                 "(e.g. `featurectl datagen history`) or set the source's `path`", [])
@@ -126,7 +130,7 @@ def check_history(needs: Sequence[SourceNeeds], data_dir: Path, *, require_rows:
         warnings.extend(_warnings(need, tally))
     if problems:
         raise InputSchemaError(_message(problems))
-    return HistoryCheck(rows, tuple(warnings))
+    return HistoryCheck(rows, latest, tuple(warnings))
 
 
 def _message(problems: dict[str, list[Path]]) -> str:
@@ -195,8 +199,8 @@ def _fits(actual: pa.DataType, kind: ValueType) -> bool:
 
 
 def _count(parquet: pq.ParquetFile, need: SourceNeeds, path: Path, tally: _Tally) -> None:
-    """Rows, NULL keys and event times, and event times in other units, from each row group's statistics; a row
-    group without them has those columns read (only them, only that group)."""
+    """Rows, NULL keys and event times, event times in other units and the greatest, from each row group's
+    statistics; a row group without them has those columns read (only them, only that group)."""
     metadata = parquet.metadata
     if metadata.num_rows == 0:
         tally.empty.append(path)
@@ -209,9 +213,15 @@ def _count(parquet: pq.ParquetFile, need: SourceNeeds, path: Path, tally: _Tally
         counts = {c: _stats_counts(group.column(leaf[c]).statistics, group.num_rows, c == time)
                   for c in (time, *need.keys)}
         unread = [c for c, known in counts.items() if known is None]
+        stats = group.column(leaf[time]).statistics
+        greatest = stats.max if stats is not None and stats.has_min_max else None
         if unread:
             table = parquet.read_row_group(i, columns=unread)
             counts.update({c: _data_counts(table.column(c), c == time) for c in unread})
+            if time in unread:
+                greatest = pc.max(table.column(time)).as_py()
+        if greatest is not None and (tally.latest_ms is None or greatest > tally.latest_ms):
+            tally.latest_ms = int(greatest)
         for what, count in zip(("null_time", "seconds", "micros"), counts[time]):
             tally.add(what, count, path)
         for key in need.keys:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -188,6 +189,15 @@ def test_times_in_seconds_and_null_keys_are_counted(tmp_path, statistics):
         f"source `trips`: 10 of 2,000 events have a NULL join key `driver_id` (e.g. in {second}): the views keyed "
         "by it (`driver_earnings`) skip them",
     )
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_the_latest_event_time_is_found_with_or_without_statistics(tmp_path, statistics):
+    tables = [trips_table(700, 1), trips_table(300, 2)]
+    for i, table in enumerate(tables):
+        write(tmp_path, f"day-{i}.parquet", table, write_statistics=statistics, row_group_size=128)
+    times = pa.concat_tables(tables).column("pickup_ms")
+    assert check(tmp_path).latest_ms == {"trips": pc.max(times).as_py()}
 
 
 def test_times_in_microseconds_are_counted(tmp_path):

@@ -91,3 +91,8 @@ class BackfillLog:
         if cursor < end:
             out.append((cursor, end))
         return out
+
+    def delete_project(self, project: str) -> int:
+        """Forget every record of `project` (its teardown); how many there were."""
+        with self.engine.begin() as conn:
+            return conn.execute(backfills.delete().where(backfills.c.project == project)).rowcount

@@ -30,9 +30,10 @@ class FeastObjects:
         return [*self.entities, *self.data_sources, *self.feature_views, *self.feature_services]
 
 
-def offline_table_path(data_dir: Path, view: FeatureView) -> Path:
-    """Where the backfill writes a view's offline feature table (one folder of Parquet files)."""
-    return data_dir / "offline" / view.name
+def offline_table_path(data_dir: Path, view: FeatureView | str) -> Path:
+    """Where the backfill writes a view's offline feature table (one folder of Parquet files); `view` may be a
+    name (a view known only from the registry)."""
+    return data_dir / "offline" / (view if isinstance(view, str) else view.name)
 
 
 def feast_entities(entity: Entity) -> list:

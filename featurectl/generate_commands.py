@@ -157,7 +157,7 @@ def generate_server(ctx, host: str, port: int, queue_size: Optional[int], timeou
     project = ctx.config()
     auth = project.platform.auth
     required = auth.enabled if require_api_key is None else require_api_key
-    make_gateway = (lambda: Gateway.open(project.registry_url, auth.refresh_s)) if required else None
+    make_gateway = (lambda: Gateway.open(project.registry_url, project.project, auth.refresh_s)) if required else None
     serve(lambda: build_service(project, cfg, warm_up=True), host, port, make_gateway, project.platform.http)
 
 

@@ -10,12 +10,13 @@ import click
 def _store(ctx):
     from serving.api_keys import KeyStore
 
-    return KeyStore(ctx.config().registry_url)
+    cfg = ctx.config()
+    return KeyStore(cfg.registry_url, cfg.project)
 
 
 @click.group()
 def keys() -> None:
-    """API keys, stored hashed in the registry database, with per-minute budgets.
+    """API keys of this project, stored hashed in the registry database, with per-minute budgets.
 
     Servers ask for them when `platform.auth.enabled` is true or they run with `--require-api-key`.
     """
@@ -46,7 +47,8 @@ def list_keys(ctx) -> None:
     for key in rows:
         state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
         click.echo(f"{key.key_id}  {key.name:<20} {state:<24} services={','.join(key.services)} "
-                   f"requests/min={key.requests_per_minute} tokens/min={key.tokens_per_minute}")
+                   f"requests/min={key.requests_per_minute} tokens/min={key.tokens_per_minute}"
+                   + ("" if key.project else "  (made before keys belonged to a project: valid for all)"))
 
 
 @keys.command()

@@ -1,4 +1,4 @@
-"""`featurectl plan | apply | teardown`: compile the repo and register it in Feast's SQL registry."""
+"""`featurectl plan | apply`: compile the repo and register it in Feast's SQL registry (`delete_commands` removes)."""
 
 from __future__ import annotations
 
@@ -103,23 +103,4 @@ def apply(ctx) -> None:
                + (f"; removed {len(stale)} stale objects" if stale else ""))
 
 
-@click.command()
-@click.option("--yes", is_flag=True, help="do not ask for confirmation")
-@click.pass_obj
-def teardown(ctx, yes: bool) -> None:
-    """Remove everything `apply` registered for this project, and its online values in Redis."""
-    cfg = ctx.config()
-    if not yes:
-        click.confirm(f"Remove project `{cfg.project}` from {cfg.registry_url} and its online values?", abort=True)
-    store = _store(cfg)
-    everything = _stale_objects(store, FeastObjects([], [], [], []))
-    try:
-        store.apply([], objects_to_delete=everything, partial=False)
-    except ConnectionError as exc:
-        raise click.ClickException(f"cannot reach Redis to delete online values ({exc}): "
-                                   "run `featurectl services up` and retry") from exc
-    store.registry.delete_project(cfg.project, commit=True)
-    click.echo(f"removed {len(everything)} objects of project `{cfg.project}`")
-
-
-COMMANDS = [plan, apply, teardown]
+COMMANDS = [plan, apply]

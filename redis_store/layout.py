@@ -66,12 +66,30 @@ class KeyEncoder:
 
     def key(self, values: Sequence[Any]) -> bytes:
         """`values` in the order of `self.order` (join keys sorted by name)."""
-        parts = [self.head]
-        for value, kind, type_bytes in zip(values, self.types, self._value_types):
-            raw = _key_value_bytes(value, kind)
-            parts.append(type_bytes + struct.pack("<I", len(raw)) + raw)
-        parts.append(self.suffix)
-        return b"".join(parts)
+        return b"".join([self.head, *map(self.part, range(len(self.order)), values), self.suffix])
+
+    def part(self, index: int, value: Any) -> bytes:
+        """The bytes of the key's `index`-th value: its type, its length and the value."""
+        raw = _key_value_bytes(value, self.types[index])
+        return self._value_types[index] + struct.pack("<I", len(raw)) + raw
+
+    def decode(self, key: bytes) -> Optional[list]:
+        """The join key values (in `self.order`) of a key of this entity and project; None for any other key."""
+        if not key.startswith(self.head) or not key.endswith(self.suffix):
+            return None
+        at, end, values = len(self.head), len(key) - len(self.suffix), []
+        for kind, type_bytes in zip(self.types, self._value_types):
+            if key[at:at + 4] != type_bytes or at + 8 > end:
+                return None
+            size = struct.unpack_from("<I", key, at + 4)[0]
+            at += 8
+            if at + size > end:
+                return None
+            raw = key[at:at + size]
+            at += size
+            values.append(raw.decode(errors="replace") if kind is ValueType.STRING
+                          else struct.unpack("<i" if kind is ValueType.INT32 else "<q", raw)[0])
+        return values if at == end else None
 
     def keys(self, columns: Sequence[Sequence[Any]]) -> list[bytes]:
         """Keys for many entities: one sequence of values per join key, in `self.order`."""

@@ -36,6 +36,7 @@ KEYS = sa.Table(
     sa.Column("tokens_per_minute", sa.Integer, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True)),
+    sa.Column("project", sa.String(255)),
 )
 USAGE = sa.Table(
     "featurectl_api_usage", _META,
@@ -60,6 +61,7 @@ class ApiKey:
     tokens_per_minute: int
     created_at: dt.datetime
     revoked_at: Optional[dt.datetime]
+    project: Optional[str] = None  # None: made before keys belonged to a project; valid for every project
 
     def may_read(self, service: Optional[str]) -> bool:
         """Reads by feature list (no service) need the `*` grant; a service read needs that service or `*`."""
@@ -88,15 +90,26 @@ def _digest(token: str) -> str:
 
 def _row_to_key(row) -> ApiKey:
     return ApiKey(row.key_id, row.name, tuple(s for s in row.services.split(",") if s), row.requests_per_minute,
-                  row.tokens_per_minute, row.created_at, row.revoked_at)
+                  row.tokens_per_minute, row.created_at, row.revoked_at, row.project)
+
+
+def _add_project_column(engine: sa.Engine) -> None:
+    """Tables made before keys belonged to a project get the column; their keys keep it empty (every project)."""
+    if "project" not in {c["name"] for c in sa.inspect(engine).get_columns(KEYS.name)}:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {KEYS.name} ADD COLUMN project VARCHAR(255)"))
 
 
 class KeyStore:
-    """The key and usage tables in the registry database (SQLite or PostgreSQL, any SQLAlchemy URL)."""
+    """The keys of one project and their usage, in the registry database (SQLite or PostgreSQL, any SQLAlchemy
+    URL) that several projects may share."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, project: str):
         self.engine = sa.create_engine(url, pool_pre_ping=True)
+        self.project = project
         _META.create_all(self.engine)
+        _add_project_column(self.engine)
+        self._mine = sa.or_(KEYS.c.project == project, KEYS.c.project.is_(None))
 
     def create(self, name: str, services: list[str], requests_per_minute: int,
                tokens_per_minute: int) -> tuple[ApiKey, str]:
@@ -111,16 +124,19 @@ class KeyStore:
         with self.engine.begin() as conn:
             conn.execute(KEYS.insert().values(key_id=key_id, name=name, key_hash=_digest(token),
                                               services=",".join(services), requests_per_minute=requests_per_minute,
-                                              tokens_per_minute=tokens_per_minute, created_at=now))
-        return ApiKey(key_id, name, tuple(services), requests_per_minute, tokens_per_minute, now, None), token
+                                              tokens_per_minute=tokens_per_minute, created_at=now,
+                                              project=self.project))
+        return ApiKey(key_id, name, tuple(services), requests_per_minute, tokens_per_minute, now, None,
+                      self.project), token
 
     def list(self) -> list[ApiKey]:
         with self.engine.connect() as conn:
-            return [_row_to_key(r) for r in conn.execute(sa.select(KEYS).order_by(KEYS.c.created_at))]
+            return [_row_to_key(r) for r in conn.execute(sa.select(KEYS).where(self._mine)
+                                                         .order_by(KEYS.c.created_at))]
 
     def revoke(self, key_id: str) -> None:
         with self.engine.begin() as conn:
-            done = conn.execute(KEYS.update().where(KEYS.c.key_id == key_id, KEYS.c.revoked_at.is_(None))
+            done = conn.execute(KEYS.update().where(KEYS.c.key_id == key_id, KEYS.c.revoked_at.is_(None), self._mine)
                                 .values(revoked_at=dt.datetime.now(dt.timezone.utc)))
         if done.rowcount == 0:
             raise ApiKeyError(f"no active key `{key_id}`: `featurectl keys list` shows the ids")
@@ -128,7 +144,7 @@ class KeyStore:
     def hashes(self) -> dict[str, tuple[str, ApiKey]]:
         """key_id -> (stored hash, key) of every active key."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(KEYS).where(KEYS.c.revoked_at.is_(None)))
+            rows = conn.execute(sa.select(KEYS).where(KEYS.c.revoked_at.is_(None), self._mine))
             return {r.key_id: (r.key_hash, _row_to_key(r)) for r in rows}
 
     def add_usage(self, counts: dict[tuple[str, int], list[int]]) -> None:
@@ -158,9 +174,16 @@ class KeyStore:
                            sa.func.coalesce(sa.func.sum(USAGE.c.rejected), 0))
                  .select_from(KEYS.outerjoin(USAGE, (USAGE.c.key_id == KEYS.c.key_id)
                                              & (USAGE.c.minute >= since_minute)))
-                 .group_by(KEYS.c.key_id, KEYS.c.name).order_by(KEYS.c.key_id))
+                 .where(self._mine).group_by(KEYS.c.key_id, KEYS.c.name).order_by(KEYS.c.key_id))
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(query)]
+
+    def delete_project_keys(self) -> int:
+        """Delete the keys made for this project and their usage (not the keys of every project); how many."""
+        owned = sa.select(KEYS.c.key_id).where(KEYS.c.project == self.project)
+        with self.engine.begin() as conn:
+            conn.execute(USAGE.delete().where(USAGE.c.key_id.in_(owned)))
+            return conn.execute(KEYS.delete().where(KEYS.c.project == self.project)).rowcount
 
 
 class Authenticator:

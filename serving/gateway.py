@@ -65,11 +65,12 @@ class Gateway:
         self.buckets = buckets or TokenBuckets()
 
     @classmethod
-    def open(cls, registry_url: str, refresh_s: float = 10.0, buckets_path: Optional[str] = None) -> "Gateway":
-        """A gateway over the keys in the registry database (tables created on first use); `buckets_path`: the
-        file the worker processes of one server share their budgets in (None: one process)."""
+    def open(cls, registry_url: str, project: str, refresh_s: float = 10.0,
+             buckets_path: Optional[str] = None) -> "Gateway":
+        """A gateway over the project's keys in the registry database (tables created on first use);
+        `buckets_path`: the file the worker processes of one server share their budgets in (None: one process)."""
         buckets = SharedTokenBuckets(buckets_path) if buckets_path else TokenBuckets()
-        return cls(Authenticator(KeyStore(registry_url), refresh_s), buckets)
+        return cls(Authenticator(KeyStore(registry_url, project), refresh_s), buckets)
 
     def identify(self, token: Optional[str]) -> Union[ApiKey, Refusal]:
         """The key presented with a request, or a 401 refusal (missing, unknown, revoked)."""

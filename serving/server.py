@@ -76,7 +76,7 @@ def create_app() -> FeatureServer:
 
     def make_gateway() -> Gateway:
         buckets = str(Path(settings.stats_dir) / "budgets") if settings.stats_dir else None  # shared by workers
-        return Gateway.open(config.registry_url, settings.auth_refresh_s, buckets)
+        return Gateway.open(config.registry_url, config.project, settings.auth_refresh_s, buckets)
 
     stats = ServerStats(Path(settings.stats_dir) if settings.stats_dir else None)
     return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,

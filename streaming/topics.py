@@ -126,3 +126,14 @@ class SourceLag:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def delete_topics(bootstrap_servers: str, topics: list[str], timeout_s: float = 30.0) -> list[str]:
+    """Delete those of `topics` that exist (a torn-down stream's tiles and dead letters); the names deleted."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    present = [t for t in topics if t in admin.list_topics(timeout=timeout_s).topics]
+    if not present:
+        return []
+    for future in admin.delete_topics(present, operation_timeout=timeout_s).values():
+        future.result()
+    return present

@@ -65,6 +65,15 @@ def register_repo(repo: Path):
     return store
 
 
+def project_keys(repo: Path):
+    """The API keys of a repo's project, in its registry database."""
+    from common.config import load_config
+    from serving.api_keys import KeyStore
+
+    cfg = load_config(repo)
+    return KeyStore(cfg.registry_url, cfg.project)
+
+
 class CliServer(NamedTuple):
     url: str
     process: subprocess.Popen

@@ -290,7 +290,7 @@ def test_a_failed_generation_gives_the_key_its_tokens_back(expiring, tmp_path):
     from serving.api_keys import Authenticator, KeyStore
     from serving.gateway import TOKENS, Gateway
 
-    store = KeyStore(f"sqlite:///{tmp_path / 'registry.db'}")
+    store = KeyStore(f"sqlite:///{tmp_path / 'registry.db'}", "assets")
     cost = expiring.pipeline.engine.cfg.n_generated
     key, secret = store.create("gen", ["*"], 100, cost)                  # one mesh per minute
     app = GenerationApp(lambda: expiring)

@@ -18,9 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from cli_helpers import ROOT, cli_server, featurectl, register_repo
-from common.config import load_config
-from serving.api_keys import KeyStore
+from cli_helpers import ROOT, cli_server, featurectl, project_keys, register_repo
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +65,7 @@ def server(tmp_path_factory, local_services):
     folder = tmp_path_factory.mktemp("genkeys")
     host, port = local_services.redis_host_port
     repo = _repo(folder, f"{host}:{port}")
-    store = KeyStore(load_config(repo).registry_url)
+    store = project_keys(repo)
     made = {"gen": store.create("gen", ["cube3d_conditioning"], 100, 2 * TINY_TOKENS + 6),
             "other": store.create("other", ["*"], 100, 1000),
             "ranker": store.create("ranker", ["asset_ranking"], 100, 1000),
@@ -118,9 +116,8 @@ def test_token_budget_429_with_retry_after_jobs_per_key_and_usage(server):
     assert status == 403 and "Retry-After" not in headers and orjson.loads(body)["code"] == "over_key_limit"
     assert "more than key" in orjson.loads(body)["error"] and "--tokens-per-minute" in orjson.loads(body)["error"]
 
-    registry = load_config(server.repo).registry_url
     deadline = time.monotonic() + 10 * REFRESH_S + 10
-    while (usage := {r[0]: r[2:] for r in KeyStore(registry).usage()}).get(key_id) != (2, 2 * TINY_TOKENS, 1):
+    while (usage := {r[0]: r[2:] for r in project_keys(server.repo).usage()}).get(key_id) != (2, 2 * TINY_TOKENS, 1):
         assert time.monotonic() < deadline, f"usage not recorded as expected: {usage}"
         time.sleep(0.2)
     shown = featurectl("--repo", str(server.repo), "keys", "usage")

@@ -13,7 +13,7 @@ from serving.throttle import SharedTokenBuckets, TokenBuckets
 
 @pytest.fixture
 def store(tmp_path):
-    return KeyStore(f"sqlite:///{tmp_path / 'registry.db'}")
+    return KeyStore(f"sqlite:///{tmp_path / 'registry.db'}", "assets")
 
 
 def test_keys_are_stored_hashed_and_authenticate(store):
@@ -179,7 +179,7 @@ def test_gateway_order_401_403_429_and_usage(store):
 
 def test_usage_of_several_server_processes_adds_up(store):
     key, _ = store.create("shared", ["*"], 10, 10)
-    workers = [Authenticator(KeyStore(str(store.engine.url)), refresh_s=3600) for _ in range(2)]
+    workers = [Authenticator(KeyStore(str(store.engine.url), store.project), refresh_s=3600) for _ in range(2)]
     for worker in workers:
         worker.count(key, requests=2, tokens=5)
     for worker in workers:
@@ -195,3 +195,32 @@ def test_keys_from_headers():
     assert key_from_headers([(b"X-API-Key", b"fk_1_x")]) == "fk_1_x"
     assert key_from_headers([(b"x-api-key", b"fk_1_x"), (b"authorization", b"Bearer fk_2_y")]) == "fk_2_y"
     assert key_from_headers([(b"authorization", b"Basic abc")]) is None
+
+
+def test_keys_belong_to_a_project_and_older_tables_gain_the_column(tmp_path):
+    """Keys made before the `project` column stay valid for every project; new ones only for their own, and a
+    project's teardown deletes only its own keys and their usage."""
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE featurectl_api_keys (key_id VARCHAR(16) PRIMARY KEY, name VARCHAR(200) "
+                             "NOT NULL, key_hash VARCHAR(64) NOT NULL, services TEXT NOT NULL, requests_per_minute "
+                             "INTEGER NOT NULL, tokens_per_minute INTEGER NOT NULL, created_at DATETIME NOT NULL, "
+                             "revoked_at DATETIME)"))
+        conn.execute(sa.text("INSERT INTO featurectl_api_keys VALUES ('0ld0ld00', 'legacy', 'h', '*', 5, 5, "
+                             "'2026-01-01 00:00:00', NULL)"))
+    shop, games = KeyStore(url, "shop"), KeyStore(url, "games")
+    mine, _ = shop.create("mine", ["*"], 10, 10)
+    theirs, _ = games.create("theirs", ["*"], 10, 10)
+    assert [k.key_id for k in shop.list()] == ["0ld0ld00", mine.key_id]
+    assert set(games.hashes()) == {"0ld0ld00", theirs.key_id}
+    with pytest.raises(ApiKeyError, match="no active key"):
+        games.revoke(mine.key_id)
+    shop.add_usage({(mine.key_id, 1): [3, 0, 0], (theirs.key_id, 1): [4, 0, 0]})
+    assert shop.delete_project_keys() == 1
+    assert [k.key_id for k in shop.list()] == ["0ld0ld00"]
+    assert {row[0]: row[2] for row in games.usage()} == {"0ld0ld00": 0, theirs.key_id: 4}
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM featurectl_api_usage")).scalar() == 1

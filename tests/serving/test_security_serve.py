@@ -19,9 +19,7 @@ from cli_helpers import free_port
 from featurectl.services.scratch_redis import RedisServer
 from serving_env import feast_rows, feature_server, make_repo
 
-from cli_helpers import featurectl
-from common.config import load_config
-from serving.api_keys import KeyStore
+from cli_helpers import featurectl, project_keys
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +60,7 @@ def served(tmp_path_factory):
         settings["platform"] = {"auth": {"enabled": False, "refresh_s": REFRESH_S}}
         (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
         feast_rows(store, "asset_activity", {"a1": {"views_1h": 4}})
-        keys = KeyStore(load_config(repo).registry_url)
+        keys = project_keys(repo)
         made = {"ranker": keys.create("ranker", ["asset_ranking"], 5, 1000),
                 "all": keys.create("all", ["*"], 1000, 1000),
                 "revoked": keys.create("revoked", ["*"], 1000, 1000)}
@@ -84,7 +82,7 @@ def test_no_key_unknown_key_and_revoked_key_get_401(served):
 
     revoked_id, revoked = served.keys["revoked"]
     assert _request(served.url, BODY, **_bearer(revoked))[0] == 200
-    KeyStore(load_config(served.repo).registry_url).revoke(revoked_id)
+    project_keys(served.repo).revoke(revoked_id)
     deadline = time.monotonic() + 10 * REFRESH_S + 5
     while _request(served.url, BODY, **_bearer(revoked))[0] == 200:
         assert time.monotonic() < deadline, "a revoked key was still accepted after the refresh interval"
@@ -126,10 +124,9 @@ def test_over_budget_is_429_with_retry_after_and_usage_is_recorded(served):
     assert 1 <= int(headers["Retry-After"]) <= 12 and reply["code"] == "over_budget"
     assert f"key `{key_id}` is over its budget of 5 requests per minute" in reply["error"]
 
-    registry = load_config(served.repo).registry_url
     deadline = time.monotonic() + 10 * REFRESH_S + 10
     while True:
-        usage = {row[0]: row[2:] for row in KeyStore(registry).usage()}
+        usage = {row[0]: row[2:] for row in project_keys(served.repo).usage()}
         if usage.get(key_id) == (5, 0, 3):
             break
         assert time.monotonic() < deadline, f"usage not flushed: {usage}"
@@ -202,7 +199,7 @@ def test_server_commands_and_functions_default_to_loopback():
 def test_workers_spend_one_budget_whichever_worker_a_connection_lands_on(served):
     import http.client
 
-    key_id, secret = KeyStore(load_config(served.repo).registry_url).create("sixty", ["asset_ranking"], 60, 1000)
+    key_id, secret = project_keys(served.repo).create("sixty", ["asset_ranking"], 60, 1000)
     body, headers = json.dumps(BODY), {**_bearer(secret), "Content-Type": "application/json"}
     with feature_server(served.repo, free_port(), "--require-api-key", "--workers", "2") as url:
         host, port = url.removeprefix("http://").split(":")

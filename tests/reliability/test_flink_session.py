@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from dsl import load_repo
 from fault_env import sibling
 from featurectl.services.flink_cluster import FlinkJobManager, FlinkTaskManager
 from featurectl.services.process import command_line
+from streaming.flink_job import savepoints
+from streaming.status import read_statuses
 
 stream_env = sibling("stream_env", "streaming")
 exactness = sibling("test_stream_exactness", "streaming")
@@ -199,6 +202,35 @@ def test_a_restart_with_other_sql_cancels_the_orphan_instead_of_restoring_it(clu
         assert status["orphans_stopped"] == [orphan] and status["fingerprint"] != first["fingerprint"]
         assert cluster.rest.state(orphan) == "CANCELED" and not status["restored_from"]
         assert [j["jid"] for j in stream_jobs(cluster, repo) if j["state"] == "RUNNING"] == [status["flink_job_id"]]
+        assert stream.stop() == 0
+    finally:
+        stream.kill()
+        repo.cleanup()
+
+
+def test_an_orphan_whose_savepoint_fails_is_cancelled_and_its_checkpoint_restored(cluster, tmp_path):
+    """A client killed, and a file put where the savepoints folder goes: stopping the orphan with a savepoint fails,
+    so it is cancelled instead and the restart restores the newest checkpoint the orphan left."""
+    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_session_nosave")
+    settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
+    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": 1}
+    (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    stream = StreamProcess(repo, tmp_path / "stream-1.log")
+    try:
+        first = stream.wait_running()
+        stream.wait(lambda s: (s.get("checkpoint") or {}).get("at"), "a checkpoint")
+        stream.kill()
+        orphan = first["flink_job_id"]
+        assert cluster.rest.state(orphan) == "RUNNING"
+        home = read_statuses(repo.folder / "state")[0][0]
+        blocker = savepoints(home / "checkpoints" / first["fingerprint"])
+        shutil.rmtree(blocker, ignore_errors=True)
+        blocker.write_text("a file where Flink would make the savepoint folder")
+        stream = StreamProcess(repo, tmp_path / "stream-2.log")
+        status = stream.wait_running()
+        assert status["orphans_stopped"] == [orphan]
+        assert cluster.rest.state(orphan) == "CANCELED"
+        assert re.search(r"/chk-\d+$", status["restored_from"] or ""), status["restored_from"]
         assert stream.stop() == 0
     finally:
         stream.kill()

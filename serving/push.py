@@ -83,6 +83,7 @@ class Pusher:
         self.data_dir = config.data_dir
         self.key_ttl_s = config.key_ttl_seconds
         self.bootstrap_servers = config.platform.kafka.bootstrap_servers
+        self.delivery_timeout_s = DELIVERY_TIMEOUT_S
         self._producer: Optional[EventProducer] = None
         self._lock = threading.Lock()
 
@@ -147,12 +148,12 @@ class Pusher:
     def producer(self) -> EventProducer:
         with self._lock:
             if self._producer is None:
-                self._producer = EventProducer(self.bootstrap_servers, DELIVERY_TIMEOUT_S)
+                self._producer = EventProducer(self.bootstrap_servers, self.delivery_timeout_s)
             return self._producer
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(DELIVERY_TIMEOUT_S)
+            self._producer.flush(self.delivery_timeout_s)
 
 
 def _now_ms() -> int:

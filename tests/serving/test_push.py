@@ -204,6 +204,23 @@ def test_events_pushed_offline_are_history_the_backfill_accepts(env):
     assert checked.latest_ms["asset_interactions"] == max(e["event_time"] for e in offline)
 
 
+def test_events_kafka_does_not_take_leave_no_history_behind(env):
+    from serving.catalog import Catalog
+    from serving.errors import PushUnavailableError
+    from serving.push import Pusher
+
+    pusher = Pusher(env.folder)
+    pusher.bootstrap_servers, pusher.delivery_timeout_s = f"127.0.0.1:{free_port()}", 1.0  # nothing listens there
+    events = stream_env.sample_events(SPEC, 2, T0, T0 + MINUTE, part=7)
+    prepared = pusher.prepare(Catalog(env.repo.project, {}, {}), "asset_interactions", events, "online_and_offline")
+    history = env.folder / "data" / "asset_interactions"
+    before = sorted(history.iterdir())
+    with pytest.raises(PushUnavailableError, match="did not take 2 of 2 events .* nothing was written: push the "
+                                                   "same rows again"):
+        pusher.write_events(prepared)
+    assert sorted(history.iterdir()) == before
+
+
 def attribute_body(assets: list[str], at, category: str) -> dict:
     values = {"category": category, "creator_id": "creator_1", "style": "voxel", "bbox_x": 1.5, "bbox_y": 2.0,
               "bbox_z": 0.25, "polygon_count": 1200}

@@ -63,8 +63,9 @@ class FlinkSettings(BaseModel):
 
 class AuthSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = Field(False, description="require an API key on POST /get-online-features and POST /generate "
-                                             "(`featurectl keys create`); `serve --require-api-key` also turns it on")
+    enabled: bool = Field(False, description="require an API key on POST /get-online-features, POST /push and "
+                                             "POST /generate (`featurectl keys create`); `serve --require-api-key` "
+                                             "also turns it on")
     refresh_s: float = Field(10.0, gt=0, description="seconds between reloads of the keys (revocations take effect) "
                                                      "and flushes of usage to the registry database")
 

@@ -36,6 +36,11 @@ def offline_table_path(data_dir: Path, view: FeatureView | str) -> Path:
     return data_dir / "offline" / (view if isinstance(view, str) else view.name)
 
 
+def push_source_name(view: FeatureView) -> str:
+    """The name of the Feast push source registered for a view (what Feast's `store.push` and `POST /push` take)."""
+    return f"{view.name}_push"
+
+
 def feast_entities(entity: Entity) -> list:
     from feast import Entity as FeastEntity
 
@@ -56,7 +61,7 @@ def _feast_view(view: FeatureView, data_dir: Path):
     batch = FileSource(name=f"{view.name}_offline", path=str(offline_table_path(data_dir, view)),
                        timestamp_field=EVENT_TIMESTAMP,
                        description=f"offline feature table of {view.name}, written by `featurectl backfill`")
-    push = PushSource(name=f"{view.name}_push", batch_source=batch)
+    push = PushSource(name=push_source_name(view), batch_source=batch)
     schema = [Field(name=k, dtype=t.feast_type()) for k, t in view.entity.join_keys.items()]
     schema += [Field(name=name, dtype=kind.feast_type()) for name, kind in view.output_schema().items()]
     tags = {**view.tags, "featurectl.source": view.source.name, "featurectl.tile": str(view.tile),

@@ -8,7 +8,6 @@ produces live events into Kafka, so backfills and streams see the same kind of d
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,18 +142,16 @@ def live_events(spec: SampleSpec, chunk: int = 1_000) -> Iterator[list[dict]]:
 def produce_live(spec: SampleSpec, bootstrap_servers: str, topic: str, rate: float, seconds: float,
                  on_chunk: Optional[Callable[[int], None]] = None) -> int:
     """Produce events at `rate` per second for `seconds`; returns how many were produced."""
-    from confluent_kafka import Producer
+    from common.event_producer import EventProducer
 
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 5, "compression.type": "lz4"})
+    producer = EventProducer(bootstrap_servers)
     chunk = max(1, min(1_000, int(rate / 20)))
     sent, started = 0, time.monotonic()
     for rows in live_events(spec, chunk):
         elapsed = time.monotonic() - started
         if elapsed >= seconds:
             break
-        for row in rows:
-            producer.produce(topic, key=row["asset_id"].encode(), value=json.dumps(row).encode())
-        producer.poll(0)
+        producer.produce(topic, rows, ("asset_id",))
         sent += len(rows)
         if on_chunk:
             on_chunk(len(rows))

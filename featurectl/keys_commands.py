@@ -1,4 +1,4 @@
-"""`featurectl keys create | list | revoke | usage`: API keys for `serve` and `generate`."""
+"""`featurectl keys create | list | revoke | usage`: API keys for `serve` (reads and pushes) and `generate`."""
 
 from __future__ import annotations
 
@@ -24,14 +24,17 @@ def keys() -> None:
 
 @keys.command()
 @click.argument("name")
-@click.option("--service", "services", multiple=True, required=True,
+@click.option("--service", "services", multiple=True,
               help="feature service the key may read (repeat; `*` for every service and free feature lists)")
-@click.option("--requests-per-minute", default=6_000, show_default=True, help="feature-read budget")
+@click.option("--push", "pushes", multiple=True,
+              help="push source the key may push to: an event source or `{view}_push` (repeat; `*` for all)")
+@click.option("--requests-per-minute", default=6_000, show_default=True, help="budget of feature reads and pushes")
 @click.option("--tokens-per-minute", default=100_000, show_default=True, help="generated shape tokens budget")
 @click.pass_obj
-def create(ctx, name: str, services: tuple[str, ...], requests_per_minute: int, tokens_per_minute: int) -> None:
-    """Create a key; its secret is printed once and never stored."""
-    key, token = _store(ctx).create(name, list(services), requests_per_minute, tokens_per_minute)
+def create(ctx, name: str, services: tuple[str, ...], pushes: tuple[str, ...], requests_per_minute: int,
+           tokens_per_minute: int) -> None:
+    """Create a key (at least one --service or --push); its secret is printed once and never stored."""
+    key, token = _store(ctx).create(name, list(services), requests_per_minute, tokens_per_minute, list(pushes))
     click.echo(f"created key {key.key_id} ({name}); send it as `Authorization: Bearer <key>`. "
                "It is shown once:")
     click.echo(token)
@@ -46,7 +49,8 @@ def list_keys(ctx) -> None:
         click.echo("no keys: `featurectl keys create NAME --service S` makes one")
     for key in rows:
         state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
-        click.echo(f"{key.key_id}  {key.name:<20} {state:<24} services={','.join(key.services)} "
+        pushes = f" push={','.join(key.pushes)}" if key.pushes else ""
+        click.echo(f"{key.key_id}  {key.name:<20} {state:<24} services={','.join(key.services)}{pushes} "
                    f"requests/min={key.requests_per_minute} tokens/min={key.tokens_per_minute}"
                    + ("" if key.project else "  (made before keys belonged to a project: valid for all)"))
 

@@ -1,10 +1,11 @@
 """API keys and their usage, stored in the registry database beside Feast's tables.
 
 A key reads `fk_<id>_<secret>`; only the SHA-256 of the whole key is stored, so the database never holds a usable
-secret. Each key names the feature services it may read (`*` for all) and its budgets per minute: requests for
-feature reads, generated shape tokens for generation. Servers authenticate from an in-memory copy of the table,
-refreshed in the background, so the request path never waits on the database; usage is counted in memory and
-flushed per minute.
+secret. Each key names the feature services it may read (`*` for all), the push sources it may push to (stored
+beside them as `push:NAME`, `push:*` for all, so keys made before pushes existed read back unchanged) and its
+budgets per minute: requests for feature reads and pushes, generated shape tokens for generation. Servers
+authenticate from an in-memory copy of the table, refreshed in the background, so the request path never waits on
+the database; usage is counted in memory and flushed per minute.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import sqlalchemy as sa
 
@@ -52,6 +53,9 @@ class ApiKeyError(FeaturectlError, ValueError):
     """A key operation cannot be done as asked (unknown key, bad budget); the message says what to do."""
 
 
+PUSH_GRANT = "push:"  # the prefix of a push grant among the stored grants; no feature service name has a `:`
+
+
 @dataclass(frozen=True)
 class ApiKey:
     key_id: str
@@ -61,27 +65,39 @@ class ApiKey:
     tokens_per_minute: int
     created_at: dt.datetime
     revoked_at: Optional[dt.datetime]
+    pushes: tuple[str, ...] = ()  # push sources it may push to; `*` for all
     project: Optional[str] = None  # None: made before keys belonged to a project; valid for every project
 
     def may_read(self, service: Optional[str]) -> bool:
         """Reads by feature list (no service) need the `*` grant; a service read needs that service or `*`."""
         return "*" in self.services or (service is not None and service in self.services)
 
+    def may_push(self, source: str) -> bool:
+        """A push needs a push grant of its own: the read grant `*` is not one."""
+        return "*" in self.pushes or source in self.pushes
+
 
 MAX_BUDGET = 2**31 - 1  # the budget columns are 32-bit integers in both registry databases
 
 
-def check_grants(services: list[str]) -> None:
-    """Each grant is one feature service name, or `*` alone: services are stored comma-separated, so a name with a
-    comma would read back as several grants (`"a,*"` as `*`)."""
-    if not services:
-        raise ApiKeyError("a key needs at least one feature service (`--service NAME`, or `--service '*'` for all)")
-    for service in services:
-        if not service.strip() or "," in service or service != service.strip():
-            raise ApiKeyError(f"`--service {shown(service)}` is not a feature service name: give one name per "
-                              "--service (repeat it for several), without commas or surrounding spaces")
-    if "*" in services and len(services) > 1:
-        raise ApiKeyError("`*` already grants every feature service: give `--service '*'` alone, or only names")
+def _check_names(names: Sequence[str], option: str, what: str) -> None:
+    """One name per option, or `*` alone: grants are stored comma-separated, so a name with a comma would read
+    back as several grants (`"a,*"` as `*`)."""
+    for name in names:
+        if not name.strip() or "," in name or ":" in name or name != name.strip():
+            raise ApiKeyError(f"`{option} {shown(name)}` is not a {what} name: give one name per {option} (repeat "
+                              "it for several), without commas, colons or surrounding spaces")
+    if "*" in names and len(names) > 1:
+        raise ApiKeyError(f"`*` already grants every {what}: give `{option} '*'` alone, or only names")
+
+
+def check_grants(services: Sequence[str], pushes: Sequence[str] = ()) -> None:
+    """Feature services to read and push sources to push to: at least one of either."""
+    if not services and not pushes:
+        raise ApiKeyError("a key needs at least one feature service (`--service NAME`, or `--service '*'` for all) "
+                          "or push source (`--push NAME`)")
+    _check_names(services, "--service", "feature service")
+    _check_names(pushes, "--push", "push source")
 
 
 def _digest(token: str) -> str:
@@ -89,8 +105,10 @@ def _digest(token: str) -> str:
 
 
 def _row_to_key(row) -> ApiKey:
-    return ApiKey(row.key_id, row.name, tuple(s for s in row.services.split(",") if s), row.requests_per_minute,
-                  row.tokens_per_minute, row.created_at, row.revoked_at, row.project)
+    grants = [g for g in row.services.split(",") if g]
+    return ApiKey(row.key_id, row.name, tuple(g for g in grants if not g.startswith(PUSH_GRANT)),
+                  row.requests_per_minute, row.tokens_per_minute, row.created_at, row.revoked_at,
+                  tuple(g[len(PUSH_GRANT):] for g in grants if g.startswith(PUSH_GRANT)), row.project)
 
 
 def _add_project_column(engine: sa.Engine) -> None:
@@ -111,23 +129,24 @@ class KeyStore:
         _add_project_column(self.engine)
         self._mine = sa.or_(KEYS.c.project == project, KEYS.c.project.is_(None))
 
-    def create(self, name: str, services: list[str], requests_per_minute: int,
-               tokens_per_minute: int) -> tuple[ApiKey, str]:
+    def create(self, name: str, services: Sequence[str], requests_per_minute: int, tokens_per_minute: int,
+               pushes: Sequence[str] = ()) -> tuple[ApiKey, str]:
         """A new key; the plaintext is returned once and never stored."""
         if not (0 < requests_per_minute <= MAX_BUDGET and 0 < tokens_per_minute <= MAX_BUDGET):
             raise ApiKeyError(f"budgets must be whole numbers in [1, {MAX_BUDGET}]: pass --requests-per-minute N "
                               "and --tokens-per-minute N")
-        check_grants(services)
+        check_grants(services, pushes)
         key_id = secrets.token_hex(4)
         token = f"fk_{key_id}_{secrets.token_urlsafe(24)}"
         now = dt.datetime.now(dt.timezone.utc)
+        grants = [*services, *(PUSH_GRANT + p for p in pushes)]
         with self.engine.begin() as conn:
             conn.execute(KEYS.insert().values(key_id=key_id, name=name, key_hash=_digest(token),
-                                              services=",".join(services), requests_per_minute=requests_per_minute,
+                                              services=",".join(grants), requests_per_minute=requests_per_minute,
                                               tokens_per_minute=tokens_per_minute, created_at=now,
                                               project=self.project))
         return ApiKey(key_id, name, tuple(services), requests_per_minute, tokens_per_minute, now, None,
-                      self.project), token
+                      tuple(pushes), self.project), token
 
     def list(self) -> list[ApiKey]:
         with self.engine.connect() as conn:

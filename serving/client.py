@@ -11,7 +11,9 @@ the line that talks to Redis differs.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, TypeVar, overload
 
@@ -19,6 +21,7 @@ from redis_store.cluster import AsyncCluster, SyncCluster
 from redis_store.node import AsyncNode, SyncNode
 from redis_store.settings import RedisSettings
 from serving.catalog import CatalogRefresher
+from serving.errors import ServingError
 from serving.plan import Plan, build_plan
 from serving.request import EntityRows, PreparedRequest
 from serving.result import OnlineFeatures
@@ -26,6 +29,10 @@ from serving.result import OnlineFeatures
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
+
+    from serving.push import Pusher, PushResult
+    from serving.push_request import PushMode
+    from serving.push_rows import PushRows
 
 Features = Sequence[str] | str  # `view:feature` references, or a feature service name
 Output = Literal["dict", "arrow", "pandas"]
@@ -44,6 +51,8 @@ class _ClientCore:
         self.registry = CatalogRefresher(repo_config, refresh_s)
         self.registry.start()
         self._plans: dict[tuple, Plan] = {}
+        self._pusher: Optional[Pusher] = None
+        self._pusher_lock = threading.Lock()
 
     @classmethod
     def from_repo(cls: type[Client], repo: str | Path = "feature_repo", registry: Optional[str] = None,
@@ -66,6 +75,24 @@ class _ClientCore:
 
     def prepare(self, features: Features, entity_rows: EntityRows, full_feature_names: bool) -> PreparedRequest:
         return PreparedRequest(self.plan(features, full_feature_names), entity_rows)
+
+    def pusher(self) -> Pusher:
+        """The repo's push sources and their writers (`serving.push`), read on the first push: the definitions
+        and platform settings of the repo folder."""
+        with self._pusher_lock:
+            if self._pusher is None:
+                from serving.push import Pusher
+
+                repo_path = getattr(self.repo_config, "repo_path", None)
+                if repo_path is None:
+                    raise ServingError("push needs the feature repo folder: make the client with "
+                                       "`from_repo(PATH)` or a RepoConfig with `repo_path`")
+                self._pusher = Pusher(Path(repo_path))
+            return self._pusher
+
+    def _close_pusher(self) -> None:
+        if self._pusher is not None:
+            self._pusher.close()
 
 
 class OnlineClient(_ClientCore):
@@ -99,11 +126,22 @@ class OnlineClient(_ClientCore):
         """Columns in request order (join keys first): a dict of lists, or `output="arrow"` / `"pandas"`."""
         return self.get_online_features(features, entity_rows, full_feature_names=full_feature_names).to(output)
 
+    def push(self, source: str, rows: PushRows, *, to: PushMode = "online") -> PushResult:
+        """Write rows to a push source: events to an event source by its name (its Kafka topic with `to="online"`,
+        its Parquet history with `"offline"`, or both), values of an attribute view to `{view}_push` (Redis).
+        `rows`: a list of dicts, a dict of columns or a pandas DataFrame. Every row is checked before anything is
+        written; see `serving.push`."""
+        pusher = self.pusher()
+        prepared = pusher.prepare(self.registry.catalog, source, rows, to)
+        replies = self.redis.read(prepared.keys, prepared.commands) if prepared.commands else []
+        return prepared.finish(replies, *pusher.write_events(prepared))
+
     def ping(self) -> None:
         self.redis.ping()
 
     def close(self) -> None:
         self.registry.close()
+        self._close_pusher()
         self.redis.close()
 
     def __enter__(self) -> "OnlineClient":
@@ -143,11 +181,20 @@ class AsyncOnlineClient(_ClientCore):
         response = await self.get_online_features(features, entity_rows, full_feature_names=full_feature_names)
         return response.to(output)
 
+    async def push(self, source: str, rows: PushRows, *, to: PushMode = "online") -> PushResult:
+        """`OnlineClient.push`; Kafka and the history file are written on a worker thread."""
+        pusher = self.pusher()
+        prepared = pusher.prepare(self.registry.catalog, source, rows, to)
+        replies = await self.redis.read(prepared.keys, prepared.commands) if prepared.commands else []
+        written = await asyncio.get_running_loop().run_in_executor(None, pusher.write_events, prepared)
+        return prepared.finish(replies, *written)
+
     async def ping(self) -> None:
         await self.redis.ping()
 
     async def close(self) -> None:
         self.registry.close()
+        self._close_pusher()
         await self.redis.close()
 
     async def __aenter__(self) -> "AsyncOnlineClient":

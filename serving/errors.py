@@ -34,3 +34,9 @@ class RegistryError(ServingError):
     """The Feast registry could not be read, or holds definitions the server cannot serve."""
 
     code = "registry_error"
+
+
+class PushUnavailableError(ServingError):
+    """Kafka did not take pushed events (HTTP 503); the message says which were taken, if any, and what to do."""
+
+    code = "kafka_unavailable"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from common.errors import shown
 from serving.api_keys import ApiKey, Authenticator, KeyStore
 from serving.throttle import SharedTokenBuckets, TokenBuckets
 
@@ -88,7 +89,19 @@ class Gateway:
         if not key.may_read(service):
             what = f"feature service `{service}`" if service else "free feature lists (they need the `*` grant)"
             return Refusal(403, "forbidden", f"key `{key.key_id}` has no access to {what}; it may read "
-                                             f"{', '.join(key.services)}. Create a key with `--service` for it")
+                                             f"{', '.join(key.services) or 'nothing'}. Create a key with `--service` "
+                                             "for it")
+        return self._spend(key, kind, cost)
+
+    def admit_push(self, key: ApiKey, source: str) -> Optional[Refusal]:
+        """None when the key may push to `source` and its request budget covers one more request."""
+        if not key.may_push(source):
+            return Refusal(403, "forbidden", f"key `{key.key_id}` may not push to {shown(source)}; it may push to "
+                                             f"{', '.join(key.pushes) or 'nothing'}. Create a key with "
+                                             "`--push NAME` for it")
+        return self._spend(key, REQUESTS, 1)
+
+    def _spend(self, key: ApiKey, kind: str, cost: int) -> Optional[Refusal]:
         budget = self._budget(key, kind)
         if cost > budget:  # it would wait for ever: not a 429 with a Retry-After
             self.authenticator.count(key, rejected=1)

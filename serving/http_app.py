@@ -1,5 +1,5 @@
-"""The feature server: Feast's `POST /get-online-features`, `/health`, `/ready`, `/metrics`, `/stats` and
-`/openapi.json`.
+"""The feature server: Feast's `POST /get-online-features` and `POST /push`, `/health`, `/ready`, `/metrics`,
+`/stats` and `/openapi.json`.
 
 No web framework on the hot path: a request is routed by a dict lookup, parsed by orjson, checked by hand
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
@@ -12,24 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Union
 
 import orjson
 
 from common.config import HttpSettings
+from common.errors import FeaturectlError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
+from serving.api_keys import ApiKey
 from serving.client import AsyncOnlineClient
-from serving.errors import RequestError, ServingError, UnknownServiceError
+from serving.errors import PushUnavailableError, RequestError, ServingError, UnknownServiceError
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
+from serving.push_request import parse_push_request
 from serving.stats import ServerStats
 
 logger = logging.getLogger(__name__)
 
 FEATURES_PATH = "/get-online-features"
+PUSH_PATH = "/push"
 MAX_BODY_BYTES = 1 << 20
 MAX_ROWS = 10_000
 JSON = b"application/json"
@@ -111,7 +115,7 @@ class FeatureServer:
         self.gateway: Optional[Gateway] = None
         self.stats = stats or ServerStats()
         self.routes: dict[str, tuple[str, Callable[[Optional[bytes]], Awaitable[Any]]]] = {
-            FEATURES_PATH: ("POST", self.get_online_features),
+            FEATURES_PATH: ("POST", self.get_online_features), PUSH_PATH: ("POST", self.push),
             "/health": ("GET", self.health), "/ready": ("GET", self.ready), "/metrics": ("GET", self.metrics),
             "/stats": ("GET", self.stats_json), "/openapi.json": ("GET", self.openapi),
         }
@@ -140,8 +144,8 @@ class FeatureServer:
                 status, payload, kind = _error(405, RequestError(f"{path} takes {route[0]}, not {method}"),
                                                "method_not_allowed")
                 headers = ((b"allow", b"GET, HEAD" if route[0] == "GET" else route[0].encode()),)
-            elif path == FEATURES_PATH:
-                status, payload, kind, service, headers = await self.get_online_features(body, api_key)
+            elif route[0] == "POST":  # the endpoints with a body, which check the API key themselves
+                status, payload, kind, service, headers = await route[1](body, api_key)
             else:
                 status, payload, kind = await route[1](body)
         except Exception as exc:  # a bug, not the request: log it, answer JSON, keep serving
@@ -153,21 +157,26 @@ class FeatureServer:
         stats.record(endpoint, status, time.perf_counter_ns() - start, service)
         return status, payload, kind, headers
 
+    def _identified(self, api_key: Optional[str], body: Optional[bytes], fewer: str) -> Union[ApiKey, Refusal, None]:
+        """The caller's key (None with keys off) or its 401 refusal, before the body is looked at; then a body over
+        the limit is a 413 (TooLarge), whose message ends with `fewer`."""
+        key = self.gateway.identify(api_key) if self.gateway is not None else None
+        if body is None and not isinstance(key, Refusal):
+            raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; {fewer}")
+        return key
+
     async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None
                                   ) -> tuple[int, bytes, bytes, Optional[str], Any]:
         """The reply, the feature service label (`-` for feature lists, None when unknown) and extra headers.
 
         With API keys on: 401 before the body is read, then 403/429 once the feature service is known.
         """
-        service, key = None, None
+        service = None
         try:
-            if self.gateway is not None:
-                key = self.gateway.identify(api_key)
-                if isinstance(key, Refusal):
-                    return _refused(key)
-            if body is None:
-                raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; send fewer entity rows per request")
-            features, entities, full = parse_request(body)
+            key = self._identified(api_key, body, "send fewer entity rows per request")
+            if isinstance(key, Refusal):
+                return _refused(key)
+            features, entities, full = parse_request(body)  # type: ignore[arg-type]
             if key is not None:
                 refusal = self.gateway.admit(key, features if isinstance(features, str) else None, REQUESTS, 1)
                 if refusal is not None:
@@ -182,21 +191,57 @@ class FeatureServer:
                 service = None  # unknown names never become metric labels
         return status, payload, kind, service, ()
 
+    async def push(self, body: Optional[bytes], api_key: Optional[str] = None
+                   ) -> tuple[int, bytes, bytes, Optional[str], Any]:
+        """Feast's `POST /push` (`serving.push`). With API keys on: 401 before the body is read, then 403/429 once
+        the push source is named, before any row is checked or written."""
+        try:
+            key = self._identified(api_key, body, "push fewer rows per request")
+            if isinstance(key, Refusal):
+                return _refused(key)
+            name, rows, to = parse_push_request(body)  # type: ignore[arg-type]
+            refusal = self.gateway.admit_push(key, name) if key is not None else None  # type: ignore[union-attr]
+            if refusal is not None:
+                return _refused(refusal)
+            status, payload, kind = await self._call("push", lambda client: self._pushed(client, name, rows, to))
+        except TooLarge as exc:
+            status, payload, kind = _error(413, exc)
+        except RequestError as exc:
+            status, payload, kind = _error(400, exc)
+        return status, payload, kind, None, ()
+
+    @staticmethod
+    async def _pushed(client: AsyncOnlineClient, name: str, rows: dict, to: str) -> bytes:
+        return orjson.dumps((await client.push(name, rows, to=to)).to_json())  # type: ignore[arg-type]
+
     async def _fetch(self, features: Any, entities: dict, full: bool) -> Reply:
+        async def fetched(client: AsyncOnlineClient) -> bytes:
+            response = await client.get_online_features(features, entities, full_feature_names=full)
+            return orjson.dumps(response.to_feast_response())
+
+        return await self._call("get-online-features", fetched)
+
+    async def _call(self, what: str, call: Callable[[AsyncOnlineClient], Awaitable[bytes]]) -> Reply:
+        """200 and the payload `call` makes with the client; 503 while starting or when Redis or Kafka is away,
+        502 when Redis answers with an error. A RequestError goes to the caller (400)."""
         if self.client is None:
             return _error(503, ServingError("the server is starting: the registry is not loaded yet"), "starting")
         try:
-            response = await self.client.get_online_features(features, entities, full_feature_names=full)
+            return 200, await call(self.client), JSON
         except RedisUnavailableError as exc:
             self.stats.redis_errors += 1
+            return _error(503, exc)
+        except PushUnavailableError as exc:
             return _error(503, exc)
         except RequestError:
             raise
         except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1
-            logger.error("get-online-features failed: %s", exc)
+            logger.error("%s failed: %s", what, exc)
             return _error(502, exc, "redis_error")
-        return 200, orjson.dumps(response.to_feast_response()), JSON
+        except FeaturectlError as exc:  # the repo's definitions or settings cannot be read (a push loads them)
+            logger.error("%s failed: %s", what, exc)
+            return _error(503, exc, "repo_error")
 
     async def health(self, body: Optional[bytes]) -> Reply:
         return 200, b'{"status":"ok"}', JSON

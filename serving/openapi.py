@@ -23,6 +23,27 @@ _REQUEST = {
     },
     "oneOf": [{"required": ["features"]}, {"required": ["feature_service"]}],
 }
+_PUSH = {
+    "type": "object",
+    "required": ["push_source_name", "df"],
+    "additionalProperties": False,
+    "properties": {
+        "push_source_name": {"type": "string", "minLength": 1,
+                             "description": "an event source's name (events), or `{view}_push` of an attribute view "
+                                            "(values)"},
+        "df": {"type": "object", "minProperties": 1, "description": "column -> one value per row",
+               "additionalProperties": {"type": "array", "maxItems": 10000}},
+        "to": {"enum": ["online", "offline", "online_and_offline"], "default": "online"},
+        "allow_registry_cache": {"type": "boolean", "default": True},
+        "transform_on_write": {"type": "boolean", "default": True},
+    },
+}
+_PUSHED = {"type": "object", "required": ["status", "push_source_name", "rows"], "properties": {
+    "status": {"const": "ok"}, "push_source_name": {"type": "string"}, "to": {"type": "string"},
+    "rows": {"type": "integer"}, "events_sent": {"type": "integer"},
+    "history_file": {"type": ["string", "null"]}, "online_written": {"type": "integer"},
+    "online_older_skipped": {"type": "integer"},
+}}
 _RESPONSE = {"type": "object", "required": ["metadata", "results"], "properties": {
     "metadata": {"type": "object", "properties": {"feature_names": {"type": "array", "items": {"type": "string"}}}},
     "results": {"type": "array", "items": {"type": "object", "properties": {
@@ -62,6 +83,23 @@ OPENAPI: dict[str, Any] = {
                         **_json({"$ref": "#/components/schemas/Error"})},
             },
         }},
+        "/push": {"post": {
+            "summary": "Write rows to a push source (Feast's push request shape): events into an event source's "
+                       "Kafka topic and/or Parquet history, or values of an attribute view into Redis",
+            "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/PushRequest"})},
+            "responses": {
+                "200": {"description": "what was written", **_json(_PUSHED)},
+                "400": {"description": "malformed JSON, unknown or refused push source, a bad row",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+                "401": {"description": "API keys on: no key, or an unknown one",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+                "403": {"description": "API keys on: the key may not push to this source",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+                "413": {"description": "body too large", **_json({"$ref": "#/components/schemas/Error"})},
+                "429": {"description": "over the key's budget", **_json({"$ref": "#/components/schemas/Error"})},
+                "503": {"description": "Redis or Kafka unreachable", **_json({"$ref": "#/components/schemas/Error"})},
+            },
+        }},
         "/health": _get("The process is up", _json({"type": "object"})),
         "/ready": _get("Registry loaded and Redis answering; `registry.state` is `cached` while the registry is "
                        "unreachable (the definitions read last are served)", _json({"type": "object"}), 503),
@@ -70,5 +108,5 @@ OPENAPI: dict[str, Any] = {
         "/openapi.json": _get("This document", _json({"type": "object"})),
     },
     "components": {"schemas": {"GetOnlineFeaturesRequest": _REQUEST, "GetOnlineFeaturesResponse": _RESPONSE,
-                               "Error": _ERROR}},
+                               "PushRequest": _PUSH, "Error": _ERROR}},
 }

@@ -94,9 +94,10 @@ def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: in
     auth = load_config(repo, registry).platform.auth
     required = auth.enabled if require_api_key is None else require_api_key
     if required:
-        logger.info("API keys required on POST /get-online-features (keys reloaded every %gs)", auth.refresh_s)
+        logger.info("API keys required on POST /get-online-features and POST /push (keys reloaded every %gs)",
+                    auth.refresh_s)
     else:
-        logger.warning("API keys are off: any caller may read every feature (turn them on with "
+        logger.warning("API keys are off: any caller may read every feature and push (turn them on with "
                        "platform.auth.enabled: true or --require-api-key)")
     if host not in ("127.0.0.1", "localhost", "::1") and not required:
         logger.warning("serving on %s: reachable from other machines without API keys", host)

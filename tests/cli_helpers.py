@@ -1,5 +1,5 @@
 """What several suites share outside fixtures: the repo root, the CLI as a subprocess, a scratch copy of the
-example repo, a free port, one of the CLI's HTTP servers started and stopped.
+example repo, a free port, one of the CLI's HTTP servers started and stopped, another folder's helper module.
 
 Tests import this module, never `conftest` (two conftest files make `import conftest` ambiguous).
 """
@@ -7,12 +7,14 @@ Tests import this module, never `conftest` (two conftest files make `import conf
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 from typing import Iterator, NamedTuple, Optional
 
 import yaml
@@ -20,6 +22,16 @@ import yaml
 from featurectl.services.scratch_redis import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def sibling(name: str, folder: str) -> ModuleType:
+    """A helper module of another test folder (`tests/<folder>/<name>.py`), imported once under its own name."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def featurectl(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -26,6 +26,7 @@ client = OnlineClient.from_repo("feature_repo")
 columns: dict[str, list] = client.get_features(["v:n_sum_1h"], {"asset_id": ["a"]})
 table = client.get_features(["v:n_sum_1h"], {"asset_id": ["a"]}, output="arrow")
 wrong: int = client.get_features(["v:n_sum_1h"], {"asset_id": ["a"]})
+sent: int = client.push("e", [{"asset_id": "a", "n": 1, "t": 1767225600000}], to="online_and_offline").events_sent
 '''
 MYPY_INI = """\
 [mypy]

@@ -9,34 +9,21 @@ streaming suite's own, loaded from `tests/streaming/stream_env.py`.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Iterator, Optional
 
 import cli_helpers
-from cli_helpers import ROOT, copy_example_repo, featurectl, free_port
+from cli_helpers import copy_example_repo, featurectl, free_port, sibling
 from common.config import ProjectConfig, load_config
 from dsl.feature_view import FeatureView
 from featurectl.services import KafkaBroker, PostgresServer, RedisServer
 from featurectl.services.process import LocalService
-
-
-def sibling(name: str, folder: str) -> ModuleType:
-    """A helper module of another test folder (`tests/<folder>/<name>.py`), imported once under its own name."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / folder / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 stream_env = sibling("stream_env", "streaming")

@@ -40,9 +40,10 @@ def feature_server(repo: Path, port: int, *args: str) -> Iterator[str]:
         yield server.url
 
 
-def post(url: str, body, path: str = "/get-online-features") -> tuple[int, dict]:
+def post(url: str, body, path: str = "/get-online-features", headers: Optional[dict] = None) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url + path, data=data,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:
             return reply.status, json.loads(reply.read())

@@ -74,6 +74,39 @@ def test_grants_are_one_name_each_or_star_alone(store, services, message):
     assert store.list() == []
 
 
+def test_push_grants_are_their_own_and_stored_beside_the_services(store):
+    key, token = store.create("pusher", ["asset_ranking"], 10, 10, ["asset_interactions"])
+    _, everything = store.create("reader", ["*"], 10, 10)
+    _, any_source = store.create("any", [], 10, 10, ["*"])
+    with store.engine.connect() as conn:
+        grants = conn.exec_driver_sql(f"SELECT services FROM featurectl_api_keys WHERE key_id = '{key.key_id}'")
+        assert grants.scalar() == "asset_ranking,push:asset_interactions"
+    auth = Authenticator(store, refresh_s=3600)
+    try:
+        pusher = auth.authenticate(token)
+        assert pusher.services == ("asset_ranking",) and pusher.pushes == ("asset_interactions",)
+        assert pusher.may_push("asset_interactions") and not pusher.may_push("asset_attributes_push")
+        assert pusher.may_read("asset_ranking") and not pusher.may_read("asset_interactions")
+        assert not auth.authenticate(everything).may_push("asset_interactions")  # `*` grants reads only
+        assert auth.authenticate(any_source).may_push("asset_attributes_push")
+    finally:
+        auth.close()
+
+
+@pytest.mark.parametrize("pushes, message", [
+    (["asset_interactions,*"], "`--push 'asset_interactions,*'` is not a push source name"),
+    (["push:x"], "is not a push source name"),
+    (["asset_interactions", "*"], "`*` already grants every push source"),
+])
+def test_push_grants_are_one_name_each_or_star_alone(store, pushes, message):
+    with pytest.raises(ApiKeyError) as caught:
+        store.create("x", [], 10, 10, pushes)
+    assert message in str(caught.value)
+    with pytest.raises(ApiKeyError, match="or push source"):
+        store.create("x", [], 10, 10, [])
+    assert store.list() == []
+
+
 def test_keys_cli_refuses_bad_grants_and_budgets_in_one_line(tmp_path):
     registry = f"sqlite:///{tmp_path / 'registry.db'}"
     for args in (["--service", "asset_ranking,*"], ["--service", ""],
@@ -138,6 +171,10 @@ def test_keys_cli_round_trip(tmp_path):
     assert "revoked" in featurectl("--registry", registry, "keys", "list").stdout
     usage = featurectl("--registry", registry, "keys", "usage")
     assert usage.returncode == 0 and key_id in usage.stdout
+    pusher = featurectl("--registry", registry, "keys", "create", "ingest", "--push", "asset_interactions")
+    assert pusher.returncode == 0, pusher.stderr
+    listed = featurectl("--registry", registry, "keys", "list").stdout
+    assert "ingest" in listed and "services= push=asset_interactions" in listed
 
 
 def test_token_bucket_gives_back_what_a_refused_request_spent():

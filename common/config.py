@@ -7,6 +7,7 @@ folder) from `platform`.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.errors import FeaturectlError
 
 DEFAULT_REPO = Path("feature_repo")
+SQLITE_PREFIX = "sqlite:///"
+
+log = logging.getLogger(__name__)
+_warned_relative_registries: set[tuple[Path, str]] = set()
 
 
 class ConfigError(FeaturectlError):
@@ -138,15 +143,31 @@ class ProjectConfig:
         return self.registry_url.startswith("postgresql")
 
     def _resolve_registry(self, override: Optional[str]) -> str:
-        url = override or os.environ.get("FEATURECTL_REGISTRY") or (self.raw.get("registry") or {}).get("path")
+        from_yaml = (self.raw.get("registry") or {}).get("path")
+        url = override or os.environ.get("FEATURECTL_REGISTRY") or from_yaml
         if not url:
             raise ConfigError("feature_store.yaml has no `registry.path`: set a sqlite:/// or postgresql:// URL")
-        prefix = "sqlite:///"
-        if url.startswith(prefix) and not url[len(prefix):].startswith("/"):
-            url = prefix + str((self.repo_path / url[len(prefix):]).resolve())
+        if url.startswith(SQLITE_PREFIX):
+            url = self._sqlite_registry(url, relative_from_yaml=url == from_yaml)
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url[len("postgresql://"):]
         return url
+
+    def _sqlite_registry(self, url: str, relative_from_yaml: bool) -> str:
+        """An absolute SQLite URL (a relative path is taken against the repo folder), its folder made: SQLite
+        creates the file but not the folders above it."""
+        path = Path(url[len(SQLITE_PREFIX):])
+        if not path.is_absolute():
+            if relative_from_yaml:
+                _warn_relative_registry(self.repo_path, url)
+            path = (self.repo_path / path).resolve()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = (f"cannot make the registry's folder {path.parent} ({exc.strerror}): point `registry.path` at a "
+                   f"writable place, e.g. {SQLITE_PREFIX}${{HOME}}/.featurectl/registry.db")
+            raise ConfigError(msg) from None
+        return SQLITE_PREFIX + str(path)
 
     def postgres_url(self) -> str:
         pg = self.platform.postgres
@@ -173,3 +194,13 @@ def load_config(repo_path: Path | str = DEFAULT_REPO, registry_override: Optiona
     with yaml_path.open() as fh:
         raw = yaml.safe_load(os.path.expandvars(fh.read())) or {}  # `${VAR}`, as Feast reads the file
     return ProjectConfig(path, raw, registry_override)
+
+
+def _warn_relative_registry(repo_path: Path, url: str) -> None:
+    """Feast takes a relative SQLite path against the current folder, featurectl against the repo: say so once."""
+    if (repo_path, url) in _warned_relative_registries:
+        return
+    _warned_relative_registries.add((repo_path, url))
+    log.warning("%s/feature_store.yaml: registry.path %s is relative; featurectl reads it against the repo folder, "
+                "Feast's own CLI and SDK against the current folder: use an absolute path or "
+                "sqlite:///${HOME}/.featurectl/registry.db", repo_path, url)

@@ -35,6 +35,7 @@ class Context:
               help="registry URL (sqlite:///..., postgresql://...) or `postgres` for the local one; "
                    "overrides feature_store.yaml")
 @click.option("-v", "--verbose", is_flag=True, help="debug logging")
+@click.version_option(package_name="featurectl", prog_name="featurectl")  # the installed distribution's metadata
 @click.pass_context
 def cli(ctx: click.Context, repo: Path, registry: str | None, verbose: bool) -> None:
     """Feature platform: DSL -> Flink SQL -> Feast registry -> Redis -> online models."""
@@ -57,8 +58,9 @@ def _show_warning_unless_deprecation(message, category, filename, lineno, file=N
 
 
 # Each module defines `COMMANDS`, the click commands or groups it adds to `featurectl`.
-COMMAND_MODULES = ("services", "repo_commands", "datagen", "demo", "bench", "materialize_commands", "serve_commands",
-                   "keys_commands", "generate_commands", "batch_commands", "stream_commands", "delete_commands")
+COMMAND_MODULES = ("init_commands", "services", "repo_commands", "datagen", "demo", "bench", "materialize_commands",
+                   "serve_commands", "keys_commands", "generate_commands", "batch_commands", "stream_commands",
+                   "delete_commands")
 
 
 def _register_commands() -> None:

@@ -42,12 +42,13 @@ def featurectl(*args: str, env: dict[str, str] | None = None, timeout: float = 1
 
 def copy_example_repo(folder: Path, project: str, registry: dict, online_store: Optional[dict] = None,
                       data_dir: Optional[Path] = None) -> Path:
-    """The example repo's definitions as `folder/project`, not applied. Its feature_store.yaml gets `project`, the
-    `registry` settings merged in, `online_store` instead of its own when given, and its `platform` section with
-    `data_dir` (or none at all: the defaults)."""
+    """The example repo's definitions (and Feast's view of them) as `folder/project`, not applied. Its
+    feature_store.yaml gets `project`, the `registry` settings merged in, `online_store` instead of its own when
+    given, and its `platform` section with `data_dir` (or none at all: the defaults)."""
     repo = folder / project
     repo.mkdir(parents=True)
-    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
+    for name in ("features.py", "_feast_objects.py", ".feastignore"):
+        shutil.copyfile(ROOT / "feature_repo" / name, repo / name)
     settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
     settings["project"] = project
     settings["registry"].update(registry)

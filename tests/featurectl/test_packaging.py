@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import ROOT
+from featurectl.init_commands import TEMPLATE_FILES
 
 PACKAGES = {"common", "dsl", "redis_store", "streaming", "batch", "serving", "inference", "featurectl"}
 USER_SCRIPT = '''\
@@ -50,6 +51,8 @@ def test_the_wheel_holds_our_typed_packages_and_nothing_else(wheel):
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == PACKAGES, top
     assert {name.split("/")[0] for name in names if name.endswith("/py.typed")} == PACKAGES
+    template = {f"featurectl/project_template/{n}" for n in TEMPLATE_FILES}
+    assert template <= set(names), "`featurectl init` copies these"
 
 
 def test_mypy_sees_the_sdk_and_dsl_types_from_the_wheel(wheel, tmp_path):

@@ -65,7 +65,7 @@ def _feast(cwd: Path, *commands: tuple[str, ...]) -> list[str]:
 
 
 def _teardown(repo: Path) -> None:
-    from featurectl.repo_commands import teardown
+    from featurectl.delete_commands import teardown
 
     _featurectl(repo, teardown, "--yes")
 

@@ -55,7 +55,8 @@ def _settings(path: Path) -> dict:
 @pytest.mark.integration
 def test_init_makes_a_repo_that_plan_and_apply_accept(tmp_path, monkeypatch, local_services):
     from featurectl.cli import Context
-    from featurectl.repo_commands import apply, plan, teardown
+    from featurectl.delete_commands import teardown
+    from featurectl.repo_commands import apply, plan
 
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))

@@ -22,4 +22,4 @@ def compile_repo(repo_path: Path, settings: SourceSettings) -> CompiledRepo:
     """Load the definitions in `repo_path` and compile every view; `settings` says where sources live."""
     repo = load_repo(repo_path)
     views = [compile_view(view, settings, source_keys(view.source, repo.views)) for view in repo.views]
-    return CompiledRepo(repo, compile_feast(repo, settings.data_dir), views)
+    return CompiledRepo(repo, compile_feast(repo, settings, views), views)

@@ -8,10 +8,11 @@ several join keys becomes one Feast entity per key (`{entity}__{key}`): Feast en
 
 Each event source is registered for what it is: a KafkaSource (topic, bootstrap servers, JSON with the source's
 columns, watermark delay) whose batch source is a FileSource over the Parquet history (`{source}_history`), or
-that FileSource alone for a source without a topic. Feast's lineage (the graph of its UI, `feast.lineage`) draws
-an edge from a data source into a FeatureView only from the view's own batch source (a StreamFeatureView adds its
-stream source), and a view must keep the push source above as its own source; so a view names its event source,
-topic, history and compiled tile query in tags (`featurectl.*`), which Feast's UI shows on the view's page.
+that FileSource alone for a source without a topic. Feast's registry lineage (the graph of its UI,
+`feast.lineage`) draws an edge from a data source into a FeatureView only from the view's own batch source (a
+StreamFeatureView adds its stream source), and a view must keep the push source above as its own source (Feast's
+push finds views by it); so a view names its event source, topic, history and tile query in tags (`featurectl.*`,
+shown on its page in Feast's UI), and the path itself is stated as OpenLineage (`dsl.compile_lineage`).
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ def cli(ctx: click.Context, repo: Path, registry: str | None, verbose: bool) -> 
         # doing so); users cannot act on them, so they are shown with -v only.
         warnings.showwarning = _show_warning_unless_deprecation
         logging.getLogger("apache_beam").setLevel(logging.WARNING)
+        logging.getLogger("feast.openlineage").setLevel(logging.WARNING)  # a line per table check and purge
     ctx.obj = Context(repo, registry)
 
 

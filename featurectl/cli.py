@@ -59,7 +59,7 @@ def _show_warning_unless_deprecation(message, category, filename, lineno, file=N
 
 # Each module defines `COMMANDS`, the click commands or groups it adds to `featurectl`.
 COMMAND_MODULES = ("services", "repo_commands", "datagen", "demo", "bench", "materialize_commands", "serve_commands",
-                   "keys_commands", "generate_commands", "batch_commands", "stream_commands")
+                   "keys_commands", "generate_commands", "batch_commands", "stream_commands", "ui_commands")
 
 
 def _register_commands() -> None:

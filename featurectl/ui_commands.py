@@ -27,8 +27,10 @@ def ui(ctx, host: str, port: int) -> None:
     try:
         registered = store.list_feature_views(allow_cache=False)
     except SQLAlchemyError as exc:
-        raise FeaturectlError(f"cannot read the registry {cfg.registry_url} ({type(exc).__name__}): check "
-                              "--registry, or start PostgreSQL with `featurectl services up --postgres`") from exc
+        fix = ("start PostgreSQL (`featurectl services up --postgres`)" if cfg.uses_postgres_registry
+               else "run `featurectl apply`, which creates it")
+        raise FeaturectlError(f"cannot read the registry {cfg.registry_url} ({type(exc).__name__}): {fix}, or "
+                              "name another with --registry") from exc
     if not registered:
         raise FeaturectlError(f"project `{cfg.project}` has no feature views in {cfg.registry_url}: run "
                               "`featurectl apply` first")

@@ -144,3 +144,6 @@ def test_ui_refuses_a_project_nothing_was_applied_to(tmp_path):
     done = featurectl("--repo", str(repo), "ui", "--port", str(free_port()))
     assert done.returncode == 1
     assert "project `ui_empty` has no feature views" in done.stderr and "featurectl apply" in done.stderr
+    done = featurectl("--repo", str(repo), "--registry", f"sqlite:///{tmp_path / 'missing' / 'registry.db'}", "ui")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "cannot read the registry" in done.stderr and "run `featurectl apply`, which creates it" in done.stderr

@@ -1,20 +1,33 @@
-"""DSL -> Feast objects (Entity, FeatureView with its output schema and sources, FeatureService).
+"""DSL -> Feast objects (Entity, the event sources, FeatureView with its output schema and sources, FeatureService).
 
 Each view's Feast source is a PushSource over the view's offline feature table (Parquet written by the
 backfill), so Feast's own `push` and `get_historical_features` work on our views unchanged. Feast's `offline`
 flag means "also write materialized and pushed rows back to the offline store"; our offline table is owned by
 the backfill, so that flag stays off and the DSL's `offline` is kept as the tag `featurectl.offline`. A DSL entity with
 several join keys becomes one Feast entity per key (`{entity}__{key}`): Feast entities carry one join key each.
+
+Each event source is registered for what it is: a KafkaSource (topic, bootstrap servers, JSON with the source's
+columns, watermark delay) whose batch source is a FileSource over the Parquet history (`{source}_history`), or
+that FileSource alone for a source without a topic. Feast's registry lineage (the graph of its UI,
+`feast.lineage`) draws an edge from a data source into a FeatureView only from the view's own batch source (a
+StreamFeatureView adds its stream source), and a view must keep the push source above as its own source (Feast's
+push finds views by it); so a view names its event source, topic, history and tile query in tags (`featurectl.*`,
+shown on its page in Feast's UI), and the path itself is stated as OpenLineage (`dsl.compile_lineage`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+from dsl.compile_flink import CompiledView, SourceSettings, source_path
 from dsl.entity import Entity
+from dsl.errors import DuplicateNameError
 from dsl.feature_view import FeatureView
 from dsl.repo import Repository
+from dsl.source import EventSource
+from dsl.sql import quote_ident
 
 EVENT_TIMESTAMP = "event_timestamp"
 
@@ -41,6 +54,18 @@ def push_source_name(view: FeatureView) -> str:
     return f"{view.name}_push"
 
 
+def history_source_name(source: EventSource) -> str:
+    """The Feast name of a source's Parquet history."""
+    return f"{source.name}_history"
+
+
+def feast_entity_names(entity: Entity) -> list[str]:
+    """The Feast entities of a DSL entity: itself, or one per join key (`{entity}__{key}`)."""
+    if len(entity.join_keys) == 1:
+        return [entity.name]
+    return [f"{entity.name}__{key}" for key in entity.join_keys]
+
+
 def feast_entities(entity: Entity) -> list:
     from feast import Entity as FeastEntity
 
@@ -49,37 +74,85 @@ def feast_entities(entity: Entity) -> list:
         key, kind = keys[0]
         return [FeastEntity(name=entity.name, join_keys=[key], value_type=kind.feast_value_type(),
                             description=entity.description, tags=dict(entity.tags))]
-    return [FeastEntity(name=f"{entity.name}__{key}", join_keys=[key], value_type=kind.feast_value_type(),
+    return [FeastEntity(name=name, join_keys=[key], value_type=kind.feast_value_type(),
                         description=f"{entity.description} (join key {key} of {entity.name})".strip(),
                         tags={**entity.tags, "featurectl.entity": entity.name})
-            for key, kind in keys]
+            for name, (key, kind) in zip(feast_entity_names(entity), keys)]
 
 
-def _feast_view(view: FeatureView, data_dir: Path):
+def feast_event_source(source: EventSource, settings: SourceSettings) -> list:
+    """The source's Parquet history as a FileSource and, when it has a topic, the KafkaSource over both."""
+    from feast import FileSource, KafkaSource
+    from feast.data_format import JsonFormat, ParquetFormat
+
+    history = FileSource(name=history_source_name(source), path=str(source_path(source, settings.data_dir)),
+                         file_format=ParquetFormat(), timestamp_field=source.timestamp_field,
+                         description=f"Parquet history of {source.name} (event time in epoch ms): what "
+                                     "`featurectl backfill` and a stream's start read")
+    if not source.kafka_topic:
+        return [history]
+    columns = ", ".join(f"{quote_ident(name)} {kind.flink_sql}" for name, kind in source.schema.items())
+    kafka = KafkaSource(name=source.name, timestamp_field=source.timestamp_field, message_format=JsonFormat(columns),
+                        kafka_bootstrap_servers=settings.bootstrap_servers, topic=source.kafka_topic,
+                        batch_source=history, watermark_delay_threshold=source.watermark_delay,
+                        description=source.description,
+                        tags={"featurectl.allowed_lateness": str(source.allowed_lateness)})
+    return [kafka, history]
+
+
+def _view_tags(view: FeatureView, compiled: CompiledView, settings: SourceSettings) -> dict[str, str]:
+    """What feeds the view and how, for Feast's UI: the event source (its Feast data source of the same name),
+    its topic and history, and the tile query that both engines run."""
+    source = view.source
+    tags = {**view.tags, "featurectl.source": source.name, "featurectl.tile": str(view.tile),
+            "featurectl.offline": str(view.offline).lower(),
+            "featurectl.history": str(source_path(source, settings.data_dir)),
+            "featurectl.tile_query": compiled.tile_query}
+    if source.kafka_topic:
+        tags["featurectl.kafka_topic"] = source.kafka_topic
+    return tags
+
+
+def _feast_view(view: FeatureView, compiled: CompiledView, settings: SourceSettings):
     from feast import FeatureView as FeastFeatureView, Field, FileSource, PushSource
 
-    batch = FileSource(name=f"{view.name}_offline", path=str(offline_table_path(data_dir, view)),
+    batch = FileSource(name=f"{view.name}_offline", path=str(offline_table_path(settings.data_dir, view)),
                        timestamp_field=EVENT_TIMESTAMP,
-                       description=f"offline feature table of {view.name}, written by `featurectl backfill`")
+                       description=f"offline feature table of {view.name}: its tile query over "
+                                   f"{history_source_name(view.source)}, written by `featurectl backfill`")
     push = PushSource(name=push_source_name(view), batch_source=batch)
     schema = [Field(name=k, dtype=t.feast_type()) for k, t in view.entity.join_keys.items()]
     schema += [Field(name=name, dtype=kind.feast_type()) for name, kind in view.output_schema().items()]
-    tags = {**view.tags, "featurectl.source": view.source.name, "featurectl.tile": str(view.tile),
-            "featurectl.offline": str(view.offline).lower()}
     fv = FeastFeatureView(name=view.name, entities=feast_entities(view.entity), ttl=view.ttl, schema=schema,
                           source=push, online=view.online, offline=False, description=view.description,
-                          owner=view.owner, tags=tags)
+                          owner=view.owner, tags=_view_tags(view, compiled, settings))
     return fv, [batch, push]
 
 
-def compile_feast(repo: Repository, data_dir: Path) -> FeastObjects:
+def _check_source_names(sources: list) -> None:
+    """Feast keeps one data source per name; the names made here from different objects must not meet."""
+    seen: set[str] = set()
+    for source in sources:
+        if source.name in seen:
+            raise DuplicateNameError(f"Feast data source `{source.name}`",
+                                     "is the name of an event source (or its `_history`) and of a view's "
+                                     "`_offline` or `_push` source",
+                                     "rename the source or the view")
+        seen.add(source.name)
+
+
+def compile_feast(repo: Repository, settings: SourceSettings, compiled: Sequence[CompiledView]) -> FeastObjects:
+    """Feast objects for `repo`; `compiled` holds each view's Flink SQL (`dsl.compile_flink.compile_view`)."""
     from feast import FeatureService as FeastFeatureService
 
     entities = [e for entity in repo.entities for e in feast_entities(entity)]
-    views, sources = {}, []
+    sources = [s for source in repo.sources for s in feast_event_source(source, settings)]
+    queries = {c.view: c for c in compiled}
+    views = {}
     for view in repo.views:
-        views[view.name], view_sources = _feast_view(view, data_dir)
+        views[view.name], view_sources = _feast_view(view, queries[view.name], settings)
         sources.extend(view_sources)
+    _check_source_names(sources)
     services = []
     for service in repo.services:
         projections = [views[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]

@@ -22,11 +22,11 @@ def compile_repo(repo_path: Path, settings: SourceSettings) -> CompiledRepo:
     """Load the definitions in `repo_path` and compile every view; `settings` says where sources live."""
     repo = load_repo(repo_path)
     views = [compile_view(view, settings, source_keys(view.source, repo.views)) for view in repo.views]
-    return CompiledRepo(repo, compile_feast(repo, settings.data_dir), views)
+    return CompiledRepo(repo, compile_feast(repo, settings, views), views)
 
 
-def feast_namespace(repo_path: Path, data_dir: Path) -> dict[str, object]:
+def feast_namespace(repo_path: Path, settings: SourceSettings) -> dict[str, object]:
     """The Feast objects `featurectl apply` registers for the repo, each under a name of its own: bound at a repo
     module's top level, they are what Feast's repo scanner (`feast plan`, `feast apply`) finds."""
-    objects = compile_feast(load_repo(repo_path), data_dir)
+    objects = compile_repo(repo_path, settings).feast
     return {f"{type(obj).__name__}_{obj.name}": obj for obj in objects.all()}

@@ -5,6 +5,9 @@ whose names start with `_`; `.feastignore` keeps Feast out of the others."""
 from pathlib import Path
 
 from common.config import load_config
+from dsl.compile_flink import SourceSettings
 from dsl.compile_repo import feast_namespace
 
-globals().update(feast_namespace(Path(__file__).parent, load_config(Path(__file__).parent).data_dir))
+_config = load_config(Path(__file__).parent)
+globals().update(feast_namespace(_config.repo_path, SourceSettings(_config.platform.kafka.bootstrap_servers,
+                                                                   _config.data_dir)))

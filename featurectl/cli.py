@@ -46,6 +46,7 @@ def cli(ctx: click.Context, repo: Path, registry: str | None, verbose: bool) -> 
         # doing so); users cannot act on them, so they are shown with -v only.
         warnings.showwarning = _show_warning_unless_deprecation
         logging.getLogger("apache_beam").setLevel(logging.WARNING)
+        logging.getLogger("feast.openlineage").setLevel(logging.WARNING)  # a line per table check and purge
     ctx.obj = Context(repo, registry)
 
 
@@ -60,7 +61,7 @@ def _show_warning_unless_deprecation(message, category, filename, lineno, file=N
 # Each module defines `COMMANDS`, the click commands or groups it adds to `featurectl`.
 COMMAND_MODULES = ("init_commands", "services", "repo_commands", "datagen", "demo", "bench", "materialize_commands",
                    "serve_commands", "keys_commands", "generate_commands", "batch_commands", "stream_commands",
-                   "delete_commands")
+                   "delete_commands", "ui_commands")
 
 
 def _register_commands() -> None:

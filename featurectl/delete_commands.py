@@ -205,6 +205,8 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     """Delete the project's registry objects and online values; the names of the views it had."""
     from feast import FeatureStore
 
+    from featurectl.lineage import forget_lineage
+
     store = FeatureStore(config=cfg.feast_repo_config())
     current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_on_demand_feature_views(),
                *store.list_stream_feature_views(), *store.list_data_sources(), *store.list_entities()]
@@ -214,6 +216,7 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     except ConnectionError as exc:
         raise click.ClickException(f"cannot reach Redis to delete online values ({exc}): "
                                    "run `featurectl services up` and retry") from exc
+    forget_lineage(store)
     store.registry.delete_project(cfg.project, commit=True)
     click.echo(f"removed {len(current)} registry objects of project `{cfg.project}` and their online values")
     return views

@@ -12,10 +12,15 @@ from common.config import ProjectConfig
 from dsl.compile_feast import FeastObjects
 from dsl.compile_flink import CompiledView, SourceSettings
 from dsl.compile_repo import CompiledRepo, compile_repo
+from featurectl.lineage import record_lineage
+
+
+def _settings(cfg: ProjectConfig) -> SourceSettings:
+    return SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
 
 
 def _compiled(cfg: ProjectConfig) -> CompiledRepo:
-    return compile_repo(cfg.repo_path, SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir))
+    return compile_repo(cfg.repo_path, _settings(cfg))
 
 
 def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
@@ -92,7 +97,8 @@ def _stale_objects(store, objects: FeastObjects) -> list:
 def apply(ctx) -> None:
     """Register entities, sources, feature views and services in the Feast registry (idempotent)."""
     cfg = ctx.config()
-    objects = _compiled(cfg).feast
+    compiled = _compiled(cfg)
+    objects = compiled.feast
     store = _store(cfg)
     registry_diff, _, _ = store.plan(_repo_contents(cfg, objects))
     stale = _stale_objects(store, objects)
@@ -101,6 +107,9 @@ def apply(ctx) -> None:
     click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "
                f"{len(objects.feature_services)} feature services to {cfg.registry_url}"
                + (f"; removed {len(stale)} stale objects" if stale else ""))
+    namespace = record_lineage(store, compiled, _settings(cfg))
+    if namespace:
+        click.echo(f"recorded their lineage for Feast's UI (OpenLineage namespace `{namespace}`)")
 
 
 COMMANDS = [plan, apply]

@@ -21,6 +21,7 @@ compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || command -v pg_ctl >/
 command -v javac >/dev/null || missing+=(openjdk-17-jdk-headless)  # javac: build_udf.sh compiles
 command -v mvn >/dev/null || missing+=(maven)
 command -v python3 >/dev/null || missing+=(python3)
+command -v chromium >/dev/null || missing+=(chromium)  # headless: the Feast UI test and scripts/ui_screenshot.sh
 if command -v python3 >/dev/null && ! python3 -c "import ensurepip, venv" 2>/dev/null; then
     missing+=(python3-venv)
 fi
@@ -33,7 +34,7 @@ if ((${#missing[@]})); then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-    say "system packages present (redis-server, postgresql, JDK, maven, python3)"
+    say "system packages present (redis-server, postgresql, JDK, maven, python3, chromium)"
 fi
 
 # --- Python venv ---------------------------------------------------------------------------------------------

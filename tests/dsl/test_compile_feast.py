@@ -1,19 +1,26 @@
-"""DSL -> Feast objects: entities, views with their output schema and sources, services."""
+"""DSL -> Feast objects: entities, views with their output schema and sources, the event sources, services."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+from feast import FileSource, KafkaSource
 from feast import types as ft
 
-from dsl import Aggregation, Entity, EventSource, FeatureView, Int64, Repository, String, Timestamp, load_repo
+from dsl import Aggregation, Entity, EventSource, FeatureView, Int64, Repository, String, Timestamp
 from dsl.compile_feast import compile_feast
+from dsl.compile_flink import SourceSettings, compile_view
+from dsl.compile_repo import compile_repo
+from dsl.errors import DuplicateNameError
+
+SETTINGS = SourceSettings("broker-1:9092,broker-2:9092", Path("/data"))
 
 
 def test_example_repo_compiles_to_feast_objects(pytestconfig):
-    repo = load_repo(pytestconfig.rootpath / "feature_repo")
-    objects = compile_feast(repo, Path("/data"))
+    compiled = compile_repo(pytestconfig.rootpath / "feature_repo", SETTINGS)
+    repo, objects = compiled.repo, compiled.feast
     assert {e.name for e in objects.entities} == {"asset", "user"}
     asset = next(e for e in objects.entities if e.name == "asset")
     assert asset.join_key == "asset_id"
@@ -24,7 +31,7 @@ def test_example_repo_compiles_to_feast_objects(pytestconfig):
     assert schema["views_24h"] == ft.Int64 and schema["dwell_ms_mean_1h"] == ft.Float64
     assert schema["last_user_24h"] == ft.String
     assert {f.name for f in activity.features} == set(repo.view("asset_activity").feature_names)
-    assert activity.stream_source is not None or activity.batch_source is not None
+    assert activity.stream_source.name == "asset_activity_push"
     assert activity.batch_source.path == "/data/offline/asset_activity"
     services = {s.name: s for s in objects.feature_services}
     cond = services["cube3d_conditioning"]
@@ -33,11 +40,54 @@ def test_example_repo_compiles_to_feast_objects(pytestconfig):
     assert len(projected) == 8
 
 
+def test_event_sources_are_kafka_sources_over_their_parquet_history(pytestconfig):
+    objects = compile_repo(pytestconfig.rootpath / "feature_repo", SETTINGS).feast
+    sources = {s.name: s for s in objects.data_sources}
+    kafka = sources["asset_interactions"]
+    assert isinstance(kafka, KafkaSource)
+    assert kafka.kafka_options.topic == "asset_interactions"
+    assert kafka.kafka_options.kafka_bootstrap_servers == "broker-1:9092,broker-2:9092"
+    assert kafka.kafka_options.message_format.schema_json == (
+        "`asset_id` STRING, `user_id` STRING, `event_type` STRING, `dwell_ms` BIGINT, `event_time` BIGINT")
+    assert kafka.kafka_options.watermark_delay_threshold == timedelta(seconds=5)
+    assert kafka.timestamp_field == "event_time"
+    history = kafka.batch_source
+    assert isinstance(history, FileSource) and history.name == "asset_interactions_history"
+    assert history.path == "/data/asset_interactions" and sources["asset_interactions_history"] == history
+
+
+def test_views_name_their_source_and_carry_their_tile_query(pytestconfig):
+    compiled = compile_repo(pytestconfig.rootpath / "feature_repo", SETTINGS)
+    tags = {v.name: v.tags for v in compiled.feast.feature_views}["user_activity"]
+    query = next(c.tile_query for c in compiled.views if c.view == "user_activity")
+    assert tags["featurectl.tile_query"] == query and "GROUP BY `user_id`" in query
+    assert tags["featurectl.source"] == "asset_interactions"
+    assert tags["featurectl.kafka_topic"] == "asset_interactions"
+    assert tags["featurectl.history"] == "/data/asset_interactions"
+
+
+def _compile(views: list[FeatureView]):
+    return compile_feast(Repository.of(views), SETTINGS, [compile_view(v, SETTINGS) for v in views])
+
+
 def test_entity_with_two_join_keys_becomes_two_feast_entities():
     listing = Entity("listing", join_keys={"shop_id": String, "item_id": Int64})
     source = EventSource("sales", {"shop_id": String, "item_id": Int64, "ts": Timestamp}, timestamp_field="ts",
                          path="sales")
     view = FeatureView("listing_sales", listing, source, features=[Aggregation("count", windows=["1h"])])
-    objects = compile_feast(Repository.of([view]), Path("/data"))
+    objects = _compile([view])
     assert sorted(e.name for e in objects.entities) == ["listing__item_id", "listing__shop_id"]
     assert sorted(objects.feature_views[0].entities) == ["listing__item_id", "listing__shop_id"]
+    # no topic: the Parquet history alone, and no topic tag on the view
+    assert [(type(s).__name__, s.name) for s in objects.data_sources if s.name.startswith("sales")] == \
+        [("FileSource", "sales_history")]
+    assert "featurectl.kafka_topic" not in objects.feature_views[0].tags
+
+
+def test_a_source_named_like_a_views_offline_table_is_refused():
+    shop = Entity("shop", join_keys={"shop_id": String})
+    source = EventSource("orders_offline", {"shop_id": String, "ts": Timestamp}, timestamp_field="ts",
+                         kafka_topic="orders")
+    view = FeatureView("orders", shop, source, features=[Aggregation("count", windows=["1h"])])
+    with pytest.raises(DuplicateNameError, match="Feast data source `orders_offline`.*rename the source or the view"):
+        _compile([view])

@@ -1,0 +1,60 @@
+"""A compiled repo's lineage as OpenLineage events: topic and history -> tile query -> view -> service."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dsl import Aggregation, Entity, EventSource, FeatureView, Repository, String, Timestamp
+from dsl.compile_flink import SourceSettings, compile_view
+from dsl.compile_lineage import lineage_events
+from dsl.compile_repo import compile_repo
+
+SETTINGS = SourceSettings("broker-1:9092,broker-2:9092", Path("/data"))
+WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+def _events(pytestconfig) -> tuple[dict[str, dict], dict[str, str]]:
+    compiled = compile_repo(pytestconfig.rootpath / "feature_repo", SETTINGS)
+    events = lineage_events("shop", compiled.repo, compiled.views, SETTINGS, WHEN)
+    return {e["job"]["name"]: e for e in events}, {c.view: c.tile_query for c in compiled.views}
+
+
+def _ids(datasets: list[dict]) -> list[tuple[str, str]]:
+    return [(d["namespace"], d["name"]) for d in datasets]
+
+
+def test_each_view_is_its_tile_query_from_topic_and_history(pytestconfig):
+    events, queries = _events(pytestconfig)
+    assert sorted(events) == ["asset_activity_tile_query", "asset_attributes_tile_query",
+                              "feature_service_asset_ranking", "feature_service_cube3d_conditioning",
+                              "user_activity_tile_query"]
+    job = events["asset_activity_tile_query"]
+    assert job["job"]["namespace"] == "shop" and job["eventTime"] == "2026-01-02T03:04:05+00:00"
+    assert job["eventType"] == "COMPLETE" and job["job"]["facets"]["feast_jobKind"] == {"kind": "definition"}
+    assert job["job"]["facets"]["sql"]["query"] == queries["asset_activity"]
+    assert _ids(job["inputs"]) == [("kafka://broker-1:9092", "asset_interactions"),
+                                   ("file", "/data/asset_interactions")]
+    assert [d["facets"]["feast_dataSource"]["name"] for d in job["inputs"]] == ["asset_interactions",
+                                                                               "asset_interactions_history"]
+    assert job["inputs"][0]["facets"]["schema"]["fields"][3] == {"name": "dwell_ms", "type": "BIGINT"}
+    assert _ids(job["outputs"]) == [("shop", "asset_activity")]
+    assert job["outputs"][0]["facets"]["feast_featureView"]["entities"] == ["asset"]
+
+
+def test_each_service_reads_the_views_it_names(pytestconfig):
+    events, _ = _events(pytestconfig)
+    run = events["feature_service_cube3d_conditioning"]
+    assert run["eventType"] == "COMPLETE" and run["job"]["facets"]["feast_jobKind"] == {"kind": "definition"}
+    assert _ids(run["inputs"]) == [("shop", "asset_attributes"), ("shop", "asset_activity")]
+    assert _ids(run["outputs"]) == [("shop", "cube3d_conditioning")]
+    again, _ = _events(pytestconfig)
+    assert again["feature_service_cube3d_conditioning"]["run"] == run["run"]  # one run per definition
+
+
+def test_a_source_without_a_topic_is_read_from_its_history_alone():
+    shop = Entity("shop", join_keys={"shop_id": String})
+    source = EventSource("orders", {"shop_id": String, "ts": Timestamp}, timestamp_field="ts", path="/lake/orders")
+    view = FeatureView("orders_1h", shop, source, features=[Aggregation("count", windows=["1h"])])
+    [job] = lineage_events("shop", Repository.of([view]), [compile_view(view, SETTINGS)], SETTINGS, WHEN)
+    assert _ids(job["inputs"]) == [("file", "/lake/orders")]

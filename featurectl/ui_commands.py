@@ -28,7 +28,7 @@ def ui(ctx, host: str, port: int) -> None:
         registered = store.list_feature_views(allow_cache=False)
     except SQLAlchemyError as exc:
         fix = ("start PostgreSQL (`featurectl services up --postgres`)" if cfg.uses_postgres_registry
-               else "run `featurectl apply`, which creates it")
+               else "check that the file is a registry `featurectl apply` made")
         raise FeaturectlError(f"cannot read the registry {cfg.registry_url} ({type(exc).__name__}): {fix}, or "
                               "name another with --registry") from exc
     if not registered:

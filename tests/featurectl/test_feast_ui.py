@@ -144,6 +144,7 @@ def test_ui_refuses_a_project_nothing_was_applied_to(tmp_path):
     done = featurectl("--repo", str(repo), "ui", "--port", str(free_port()))
     assert done.returncode == 1
     assert "project `ui_empty` has no feature views" in done.stderr and "featurectl apply" in done.stderr
-    done = featurectl("--repo", str(repo), "--registry", f"sqlite:///{tmp_path / 'missing' / 'registry.db'}", "ui")
+    (tmp_path / "garbage.db").write_bytes(b"not a SQLite database" * 100)
+    done = featurectl("--repo", str(repo), "--registry", f"sqlite:///{tmp_path / 'garbage.db'}", "ui")
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "cannot read the registry" in done.stderr and "run `featurectl apply`, which creates it" in done.stderr
+    assert "cannot read the registry" in done.stderr and "check that the file is a registry" in done.stderr

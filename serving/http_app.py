@@ -20,7 +20,7 @@ from common.config import HttpSettings
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
 from serving.client import AsyncOnlineClient
-from serving.errors import RequestError, ServingError, UnknownServiceError
+from serving.errors import RequestError, ServingError, UnknownServiceError, VersionConflictError
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
@@ -176,6 +176,8 @@ class FeatureServer:
             status, payload, kind = await self._fetch(features, entities, full)
         except TooLarge as exc:
             status, payload, kind = _error(413, exc)
+        except VersionConflictError as exc:
+            status, payload, kind = _error(409, exc)
         except RequestError as exc:
             status, payload, kind = _error(400, exc)
             if isinstance(exc, UnknownServiceError):
@@ -190,7 +192,7 @@ class FeatureServer:
         except RedisUnavailableError as exc:
             self.stats.redis_errors += 1
             return _error(503, exc)
-        except RequestError:
+        except (RequestError, VersionConflictError):
             raise
         except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1

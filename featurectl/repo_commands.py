@@ -97,25 +97,19 @@ def _logs(cfg: ProjectConfig) -> Iterator[tuple]:
         backfill_log.close()
 
 
-def _plan(cfg: ProjectConfig, compiled: CompiledRepo, store, logs: tuple):
-    from featurectl.repo_plan import plan_repo
-
-    return plan_repo(compiled, store, *logs, cfg.project)
-
-
 @click.command()
 @click.option("--sql/--no-sql", default=True, show_default=True, help="print the compiled Flink SQL")
 @click.option("--feast-diff", is_flag=True, help="also print Feast's own registry diff")
 @click.pass_obj
 def plan(ctx, sql: bool, feast_diff: bool) -> None:
     """Show what `apply` would change, field by field, and the Flink SQL of each view, changing nothing."""
-    from featurectl.repo_plan import render
+    from featurectl.repo_plan import plan_repo, render
 
     cfg = ctx.config()
     compiled = _compiled(cfg)
     click.secho(f"project `{cfg.project}`, registry {cfg.registry_url}", bold=True)
-    with _untouched(cfg) as scratch, _logs(scratch) as logs:
-        repo_plan = _plan(scratch, compiled, _store(scratch), logs)
+    with _untouched(cfg) as scratch, _logs(scratch) as (version_log, backfill_log):
+        repo_plan = plan_repo(compiled, _store(scratch), version_log, backfill_log, cfg.project)
         click.echo("\n".join(render(repo_plan, "plan", ctx.command_prefix())))
         if feast_diff:
             click.secho("\n-- Feast's registry diff", fg="cyan")
@@ -129,17 +123,17 @@ def plan(ctx, sql: bool, feast_diff: bool) -> None:
 def apply(ctx) -> None:
     """Register entities, sources, feature views and services in the Feast registry (idempotent), and record the
     version of each view."""
-    from featurectl.repo_plan import render
+    from featurectl.repo_plan import plan_repo, render
 
     cfg = ctx.config()
     compiled = _compiled(cfg)
     objects = compiled.feast
     store = _store(cfg)
-    with _logs(cfg) as logs:
-        repo_plan = _plan(cfg, compiled, store, logs)
+    with _logs(cfg) as (version_log, backfill_log):
+        repo_plan = plan_repo(compiled, store, version_log, backfill_log, cfg.project)
         store.apply(objects.all(), objects_to_delete=repo_plan.to_delete, partial=False)
-        logs[0].record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
-                               dt.datetime.now(dt.timezone.utc))
+        version_log.record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
+                                   dt.datetime.now(dt.timezone.utc))
     click.echo("\n".join(render(repo_plan, "apply", ctx.command_prefix())))
     click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "
                f"{len(objects.feature_services)} feature services to {cfg.registry_url}")

@@ -4,7 +4,8 @@
    window (or ttl) before `start`, since windows that end in the range need those tiles (`batch.tile_export`).
 2. Per view, the tiles become window values at the boundaries where they change (`batch.windows`), chunk by
    chunk of entities, vectorized, and replace the range in the offline table (`batch.offline_table`).
-3. The range is recorded in the registry database (`batch.backfill_log`).
+3. The range is recorded in the registry database (`batch.backfill_log`), with the version of each view that
+   computed it (`dsl.view_version`), which `materialize` checks against the applied one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from common.instants import check_range, format_epoch_ms
 from dsl.compile_feast import offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.feature_view import FeatureView
+from dsl.view_version import view_version
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class ViewResult:
     view: str
     rows: int
     files: int
+    version: Optional[str] = None
 
 
 @dataclass
@@ -163,7 +166,7 @@ def _write_view(job: TileJob, tiles_folder: Path, start_ms: int, end_ms: int, ta
             progress.advance(chunk_tiles)
         stats = writer.commit()
     log.info("backfilled %s: %d rows in %d files", view.name, stats.rows, stats.files)
-    return ViewResult(view.name, stats.rows, stats.files)
+    return ViewResult(view.name, stats.rows, stats.files, view_version(view, job.compiled))
 
 
 def _record(summary: BackfillSummary, target: BackfillTarget) -> None:
@@ -172,6 +175,6 @@ def _record(summary: BackfillSummary, target: BackfillTarget) -> None:
         finished = dt.datetime.now(dt.timezone.utc)
         for result in summary.views:
             backfill_log.record(BackfillRecord(target.project, result.view, summary.start, summary.end,
-                                               result.rows, result.files, finished))
+                                               result.rows, result.files, finished, result.version))
     finally:
         backfill_log.close()

@@ -27,6 +27,11 @@ def from_epoch_ms(ms: float, name: str = "event time") -> dt.datetime:
                                  "give epoch milliseconds (seconds x 1000, microseconds / 1000)") from None
 
 
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """Aware UTC; a naive value is taken as UTC (SQLite hands back the naive UTC wall time it was given)."""
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
 def format_epoch_ms(ms: float) -> str:
     """An event time for a message: ISO 8601 in UTC (ms precision), or its number of ms when it is outside the
     calendar, since a message about a bad time must not fail on it."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shlex
 import sys
 import warnings
 from pathlib import Path
 
 import click
 
-from common.config import load_config
+from common.config import DEFAULT_REPO, load_config
 from common.errors import FeaturectlError
 
 
@@ -26,6 +27,15 @@ class Context:
             cfg = load_config(self.repo)
             return load_config(self.repo, registry_override=cfg.postgres_url())
         return load_config(self.repo, registry_override=self.registry)
+
+    def command_prefix(self) -> str:
+        """`featurectl` with this run's global options: how the commands a run prints for its user start."""
+        words = ["featurectl"]
+        if self.repo != DEFAULT_REPO:
+            words += ["--repo", shlex.quote(str(self.repo))]
+        if self.registry:
+            words += ["--registry", shlex.quote(self.registry)]
+        return " ".join(words)
 
 
 @click.group()
@@ -61,7 +71,7 @@ def _show_warning_unless_deprecation(message, category, filename, lineno, file=N
 # Each module defines `COMMANDS`, the click commands or groups it adds to `featurectl`.
 COMMAND_MODULES = ("init_commands", "services", "repo_commands", "datagen", "demo", "bench", "materialize_commands",
                    "serve_commands", "keys_commands", "generate_commands", "batch_commands", "stream_commands",
-                   "delete_commands", "ui_commands")
+                   "delete_commands", "ui_commands", "versions_commands")
 
 
 def _register_commands() -> None:

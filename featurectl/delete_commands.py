@@ -174,8 +174,9 @@ def _remove_streams(cfg: ProjectConfig, jobs: list[tuple[Path, dict]]) -> None:
 @click.pass_obj
 def teardown(ctx, yes: bool) -> None:
     """Remove everything the project created: its registry objects, online values, offline tables, API keys,
-    backfill records and stream state. Its sources' history and Kafka topics are the input, and are kept."""
+    backfill records, definition versions and stream state. Its sources' history and Kafka topics are the input, and are kept."""
     from batch.backfill_log import BackfillLog
+    from common.version_log import VersionLog
     from serving.api_keys import KeyStore
 
     cfg = ctx.config()
@@ -191,12 +192,14 @@ def teardown(ctx, yes: bool) -> None:
             click.echo(f"removed offline table {table}")
     _remove_streams(cfg, jobs)
     keys = KeyStore(cfg.registry_url, cfg.project).delete_project_keys()
-    backfill_log = BackfillLog(cfg.registry_url)
+    backfill_log, version_log = BackfillLog(cfg.registry_url), VersionLog(cfg.registry_url)
     try:
         records = backfill_log.delete_project(cfg.project)
+        versions = version_log.delete_project(cfg.project)
     finally:
         backfill_log.close()
-    click.echo(f"removed {keys} API key(s) and {records} backfill record(s)")
+        version_log.close()
+    click.echo(f"removed {keys} API key(s), {records} backfill record(s) and {versions} definition version(s)")
     click.echo(f"kept the sources' history under {cfg.data_dir} and their Kafka topics: they are input, not "
                "something the project made")
 

@@ -4,6 +4,9 @@ An END more than `FUTURE_LIMIT` after now is refused unless `--force`: no offlin
 recorded end is where every later `materialize-incremental` starts, so one typo (`9999-12-31`) would make each
 of them read nothing, for ever. An end recorded that far ahead anyway (`--force`) is passed over by
 `materialize-incremental`, with a warning, rather than started from.
+
+Offline rows of another version than the applied one are refused unless `--allow-stale VIEW`
+(`featurectl.offline_versions`); the version materialized is recorded for the feature server.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from featurectl.params import INSTANT
 
 FUTURE_LIMIT = dt.timedelta(days=1)
 FORCE_HELP = f"allow an END more than {FUTURE_LIMIT.days} day after now"
+ALLOW_STALE_HELP = ("materialize this view (repeatable) even if its offline rows, or the repo's definition, are of "
+                    "another version than the applied one")
 
 
 def _now() -> dt.datetime:
@@ -52,37 +57,78 @@ def _incremental_start(feast_view, name: str, end: dt.datetime, ttl: dt.timedelt
     return since
 
 
-def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None) -> None:
-    from batch.materialize import MaterializeError, materialize_view
-    from dsl import load_repo
-    from dsl.compile_feast import offline_table_path
-    from feast import FeatureStore
+def _registered(store, cfg, view):
+    from batch.materialize import MaterializeError
     from feast.errors import FeatureViewNotFoundException
+
+    try:
+        return store.get_feature_view(view.name)
+    except FeatureViewNotFoundException:
+        raise MaterializeError(f"feature view `{view.name}` is not in the registry of project `{cfg.project}`: "
+                               "run `featurectl apply` first") from None
+
+
+def _since(feast_view, view, start: dt.datetime | None, end: dt.datetime, replaced: dict) -> dt.datetime | None:
+    """Where a view's run starts: START, else its last materialized end, else END - ttl; END - ttl as well when
+    the run replaces its online values whole (what was materialized before is not to be kept)."""
+    if start is not None:
+        return start
+    if view.name not in replaced:
+        return _incremental_start(feast_view, view.name, end, view.ttl)
+    since = shifted(end, -view.ttl, f"END - the ttl of `{view.name}`")
+    click.echo(f"{view.name}: {replaced[view.name]}: materializing from END - ttl ({since.isoformat()})")
+    return since
+
+
+def _materialize(cfg, store, job, feast_view) -> None:
+    from batch.materialize import materialize_view
+    from dsl.compile_feast import offline_table_path
     from redis_store.settings import RedisSettings
+
+    view, since, end = job.view, job.start, job.end
+    with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
+        stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
+                                 offline_table_path(cfg.data_dir, view), since, end, key_ttl_s=cfg.key_ttl_seconds,
+                                 on_rows=bar.update)
+    store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
+    click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
+               f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than "
+               f"Redis's, {stats.seconds:.1f}s ({stats.rows_per_s:,.0f} rows/s)")
+
+
+def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None,
+         allow_stale: tuple[str, ...]) -> None:
+    from common.version_log import VersionLog
+    from dsl import load_repo
+    from feast import FeatureStore
+    from featurectl.offline_versions import Materializing, check_offline_versions, clear_online_values, replaced
 
     cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
     store = FeatureStore(config=cfg.feast_repo_config())
-    settings = RedisSettings.from_config(cfg)
     chosen = [repo.view(name) for name in views] if views else [v for v in repo.views if v.online]
-    for view in chosen:
-        try:
-            feast_view = store.get_feature_view(view.name)
-        except FeatureViewNotFoundException:
-            raise MaterializeError(f"feature view `{view.name}` is not in the registry of project `{cfg.project}`: "
-                                   "run `featurectl apply` first") from None
-        since = start or _incremental_start(feast_view, view.name, end, view.ttl)
-        if since is None:
-            continue
-        path = offline_table_path(cfg.data_dir, view)
-        with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
-            stats = materialize_view(settings, view, cfg.project, path, since, end, key_ttl_s=cfg.key_ttl_seconds,
-                                     on_rows=bar.update)
-        store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
-        click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
-                   f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than Redis's, "
-                   f"{stats.seconds:.1f}s "
-                   f"({stats.rows_per_s:,.0f} rows/s)")
+    version_log = VersionLog(cfg.registry_url)
+    try:
+        replacing, switching = replaced(version_log, cfg.project), version_log.conflicts(cfg.project)
+        jobs = []
+        for view in chosen:
+            feast_view = _registered(store, cfg, view)
+            since = _since(feast_view, view, start, end, replacing)
+            if since is not None:
+                jobs.append((Materializing(view, since, end), feast_view))
+        checked = check_offline_versions(cfg, version_log, [job for job, _ in jobs], allow_stale,
+                                         ctx.command_prefix())
+        for job, feast_view in jobs:
+            name = job.view.name
+            if name in switching or (name in replacing and name not in checked.waived):
+                clear_online_values(store, feast_view, replacing[name])
+            _materialize(cfg, store, job, feast_view)
+            if name in checked.versions:
+                stale = name in checked.waived
+                version_log.record_online(cfg.project, {name: checked.versions[name]},
+                                          "featurectl materialize" + (" --allow-stale" if stale else ""), _now(), stale)
+    finally:
+        version_log.close()
 
 
 @click.command()
@@ -90,23 +136,27 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
 @click.argument("end", type=INSTANT)
 @click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
+@click.option("--allow-stale", "allow_stale", multiple=True, metavar="VIEW", help=ALLOW_STALE_HELP)
 @click.pass_obj
-def materialize(ctx, start: dt.datetime, end: dt.datetime, views: tuple[str, ...], force: bool) -> None:
+def materialize(ctx, start: dt.datetime, end: dt.datetime, views: tuple[str, ...], force: bool,
+                allow_stale: tuple[str, ...]) -> None:
     """Load the latest offline values in [START, END] into Redis and record the interval."""
     check_range(start, end, ("START", "END"), closed=True)
     _check_end(end, force)
-    _run(ctx, views, end, start)
+    _run(ctx, views, end, start, allow_stale)
 
 
 @click.command("materialize-incremental")
 @click.argument("end", type=INSTANT)
 @click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
+@click.option("--allow-stale", "allow_stale", multiple=True, metavar="VIEW", help=ALLOW_STALE_HELP)
 @click.pass_obj
-def materialize_incremental(ctx, end: dt.datetime, views: tuple[str, ...], force: bool) -> None:
+def materialize_incremental(ctx, end: dt.datetime, views: tuple[str, ...], force: bool,
+                            allow_stale: tuple[str, ...]) -> None:
     """Materialize from each view's last recorded end (or END - ttl) up to END."""
     _check_end(end, force)
-    _run(ctx, views, end, None)
+    _run(ctx, views, end, None, allow_stale)
 
 
 COMMANDS = [materialize, materialize_incremental]

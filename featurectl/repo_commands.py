@@ -1,10 +1,16 @@
-"""`featurectl plan | apply`: compile the repo and register it in Feast's SQL registry (`delete_commands` removes)."""
+"""`featurectl plan | apply`: compile the repo and register it in Feast's SQL registry (`delete_commands` removes).
+
+`plan` and `apply` print the same plan (`featurectl.repo_plan`): what would change, or what changed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -39,19 +45,30 @@ def _store(cfg: ProjectConfig):
     return FeatureStore(config=cfg.feast_repo_config())
 
 
-def _diff_without_touching(cfg: ProjectConfig, objects: FeastObjects) -> str:
-    """Feast's registry diff, computed on a scratch copy when the registry is a SQLite file."""
+@contextlib.contextmanager
+def _untouched(cfg: ProjectConfig) -> Iterator[ProjectConfig]:
+    """Settings to read the registry with, changing nothing: a scratch copy when it is a SQLite file (Feast's
+    registry and our logs create their tables when they open one), the registry itself on PostgreSQL."""
     if cfg.uses_postgres_registry:
-        registry_diff, _, _ = _store(cfg).plan(_repo_contents(cfg, objects))
-        return registry_diff.to_string()
+        yield cfg
+        return
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "registry.db"
         current = Path(cfg.registry_url.removeprefix("sqlite:///"))
         if current.exists():
             shutil.copyfile(current, copy)
-        scratch_cfg = ProjectConfig(cfg.repo_path, cfg.raw, registry_override=f"sqlite:///{copy}")
-        registry_diff, _, _ = _store(scratch_cfg).plan(_repo_contents(scratch_cfg, objects))
-        return registry_diff.to_string()
+        yield ProjectConfig(cfg.repo_path, cfg.raw, registry_override=f"sqlite:///{copy}")
+
+
+def _feast_diff(cfg: ProjectConfig, objects: FeastObjects, left_alone: set[str]) -> str:
+    """Feast's own registry diff of the repo, less the deletions of what `apply` leaves alone (Feast's `plan`
+    cannot be given those objects back: it fails to validate on-demand views read from its registry)."""
+    from feast.diff.registry_diff import TransitionType
+
+    registry_diff, _, _ = _store(cfg).plan(_repo_contents(cfg, objects))
+    registry_diff.feast_object_diffs = [d for d in registry_diff.feast_object_diffs
+                                        if d.transition_type != TransitionType.DELETE or d.name not in left_alone]
+    return registry_diff.to_string()
 
 
 def _print_sql(compiled: list[CompiledView]) -> None:
@@ -71,42 +88,60 @@ def _print_sql(compiled: list[CompiledView]) -> None:
         click.echo(view.tile_query + ";")
 
 
+@contextlib.contextmanager
+def _logs(cfg: ProjectConfig) -> Iterator[tuple]:
+    """The version log and the backfill log of the registry database."""
+    from batch.backfill_log import BackfillLog
+    from common.version_log import VersionLog
+
+    version_log, backfill_log = VersionLog(cfg.registry_url), BackfillLog(cfg.registry_url)
+    try:
+        yield version_log, backfill_log
+    finally:
+        version_log.close()
+        backfill_log.close()
+
+
 @click.command()
 @click.option("--sql/--no-sql", default=True, show_default=True, help="print the compiled Flink SQL")
+@click.option("--feast-diff", is_flag=True, help="also print Feast's own registry diff")
 @click.pass_obj
-def plan(ctx, sql: bool) -> None:
-    """Show what `apply` would register and the Flink SQL of each view, changing nothing."""
+def plan(ctx, sql: bool, feast_diff: bool) -> None:
+    """Show what `apply` would change, field by field, and the Flink SQL of each view, changing nothing."""
+    from featurectl.repo_plan import plan_repo, render
+
     cfg = ctx.config()
-    _, objects, compiled = _compiled(cfg)
+    compiled = _compiled(cfg)
     click.secho(f"project `{cfg.project}`, registry {cfg.registry_url}", bold=True)
-    click.echo(_diff_without_touching(cfg, objects))
+    with _untouched(cfg) as scratch, _logs(scratch) as (version_log, backfill_log):
+        repo_plan = plan_repo(compiled, _store(scratch), version_log, backfill_log, cfg.project)
+        click.echo("\n".join(render(repo_plan, "plan", ctx.command_prefix())))
+        if feast_diff:
+            click.secho("\n-- Feast's registry diff", fg="cyan")
+            click.echo(_feast_diff(scratch, compiled.feast, repo_plan.kept))
     if sql:
-        _print_sql(compiled)
-
-
-def _stale_objects(store, objects: FeastObjects) -> list:
-    """Objects in the registry that the repo no longer defines (what `apply` removes)."""
-    wanted = {(type(o).__name__, o.name) for o in objects.all()}
-    current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_data_sources(),
-               *store.list_entities()]
-    return [o for o in current if (type(o).__name__, o.name) not in wanted]
+        _print_sql(compiled.views)
 
 
 @click.command()
 @click.pass_obj
 def apply(ctx) -> None:
-    """Register entities, sources, feature views and services in the Feast registry (idempotent)."""
+    """Register entities, sources, feature views and services in the Feast registry (idempotent), and record the
+    version of each view."""
+    from featurectl.repo_plan import plan_repo, render
+
     cfg = ctx.config()
     compiled = _compiled(cfg)
     objects = compiled.feast
     store = _store(cfg)
-    registry_diff, _, _ = store.plan(_repo_contents(cfg, objects))
-    stale = _stale_objects(store, objects)
-    store.apply(objects.all(), objects_to_delete=stale, partial=False)
-    click.echo(registry_diff.to_string())
+    with _logs(cfg) as (version_log, backfill_log):
+        repo_plan = plan_repo(compiled, store, version_log, backfill_log, cfg.project)
+        store.apply(objects.all(), objects_to_delete=repo_plan.to_delete, partial=False)
+        version_log.record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
+                                   dt.datetime.now(dt.timezone.utc))
+    click.echo("\n".join(render(repo_plan, "apply", ctx.command_prefix())))
     click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "
-               f"{len(objects.feature_services)} feature services to {cfg.registry_url}"
-               + (f"; removed {len(stale)} stale objects" if stale else ""))
+               f"{len(objects.feature_services)} feature services to {cfg.registry_url}")
     namespace = record_lineage(store, compiled, _settings(cfg))
     if namespace:
         click.echo(f"recorded their lineage for Feast's UI (OpenLineage namespace `{namespace}`)")

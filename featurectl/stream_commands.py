@@ -19,6 +19,20 @@ def _views(cfg, names: tuple[str, ...]):
     return chosen, repo.views
 
 
+def _record_online_versions(cfg, views, sources) -> None:
+    """The versions this stream writes to Redis, which the feature server compares with the applied ones."""
+    from common.version_log import VersionLog
+    from dsl.compile_flink import compile_view
+    from dsl.view_version import view_version
+
+    version_log = VersionLog(cfg.registry_url)
+    try:
+        version_log.record_online(cfg.project, {v.name: view_version(v, compile_view(v, sources)) for v in views},
+                                  "featurectl stream", dt.datetime.now(dt.timezone.utc))
+    finally:
+        version_log.close()
+
+
 def _stop_on_signals(stop: threading.Event) -> None:
     """First Ctrl-C (or SIGTERM) asks for a clean stop; a second Ctrl-C interrupts at once."""
     def handler(signum, _frame):
@@ -162,6 +176,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
         redis_at = ",".join(f"{host}:{port}" for host, port in target.redis.nodes)
         click.echo(f"stream {runner.plan.name}: {', '.join(v.view.name for v in runner.plan.views)} -> Redis "
                    f"{'cluster ' if target.redis.cluster else ''}{redis_at}; status: featurectl stream --status")
+        _record_online_versions(cfg, views, sources)
         runner.run(stop)
     except KafkaException as exc:
         raise click.ClickException(f"Kafka at {cfg.platform.kafka.bootstrap_servers}: {exc}; is it up? "

@@ -3,6 +3,10 @@
 The request path never touches the registry: it reads an immutable `Catalog` (views, their features and types,
 join keys, ttl, services), swapped atomically by `CatalogRefresher` every `cache_ttl_seconds`. When the registry
 becomes unreachable (its PostgreSQL down), the server keeps serving the last catalog read and says so in `/ready`.
+
+The catalog also marks the views whose online values were written by another version than the one applied
+(`common.version_log`): requests for them are refused (`VersionConflictError`) until they are materialized
+again, or streamed, at the applied version.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from common.version_log import VersionLog
 from dsl.duration import milliseconds
 from dsl.types import ValueType
 from redis_store.layout import field_name, ts_field
@@ -40,6 +45,7 @@ class ViewSpec:
     features: dict[str, FeatureSpec]
     ttl_ms: Optional[int]  # None or 0: values never expire
     ts_field: bytes
+    conflict: Optional[str] = None  # why requests for the view are refused: its online values' version
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,18 @@ def value_type(dtype: Any) -> Optional[ValueType]:
         return None
 
 
-def _view_spec(view: Any, versioning: bool) -> ViewSpec:
+def version_conflicts(version_log: VersionLog, project: str) -> dict[str, str]:
+    """View -> why it is refused, for each view whose online values are of another version than the applied."""
+    return {view: (f"feature view `{view}`: its online values are of version {written.version} "
+                   f"(`{written.written_by}` at {written.written_at:%Y-%m-%d %H:%M}Z), but version "
+                   f"{applied.version} is applied (at {applied.applied_at:%Y-%m-%d %H:%M}Z) and may compute "
+                   f"something else; re-backfill it (`featurectl versions --view {view}` lists the ranges) and run "
+                   f"`featurectl materialize START END --view {view}`, or restart `featurectl stream` for it; "
+                   f"`--allow-stale {view}` on materialize accepts its offline rows as they are")
+            for view, (written, applied) in version_log.conflicts(project).items()}
+
+
+def _view_spec(view: Any, versioning: bool, conflict: Optional[str]) -> ViewSpec:
     from feast.infra.online_stores.helpers import compute_versioned_name
 
     storage = compute_versioned_name(view, versioning)
@@ -73,18 +90,21 @@ def _view_spec(view: Any, versioning: bool) -> ViewSpec:
     features = {f.name: FeatureSpec(f.name, value_type(f.dtype), field_name(storage, f.name))
                 for f in view.features}
     ttl_ms = milliseconds(view.ttl) if view.ttl else None
-    return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage))
+    return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage), conflict)
 
 
-def load_catalog(registry: Any, project: str, versioning: bool = False) -> Catalog:
-    """Read views and services of `project` through Feast's registry API (no cache: always the stored state)."""
+def load_catalog(registry: Any, project: str, versioning: bool = False,
+                 version_log: Optional[VersionLog] = None) -> Catalog:
+    """Read views and services of `project` through Feast's registry API (no cache: always the stored state), and
+    their versions from `version_log` when given."""
     try:
         views = registry.list_feature_views(project, allow_cache=False)
         services = registry.list_feature_services(project, allow_cache=False)
+        conflicts = version_conflicts(version_log, project) if version_log is not None else {}
     except Exception as exc:  # SQLAlchemy, protobuf, file errors: one message for the caller
         raise RegistryError(f"cannot read the Feast registry of project `{project}`: {exc}; "
                             "check `registry.path` in feature_store.yaml and run `featurectl apply`") from exc
-    specs = {v.name: _view_spec(v, versioning) for v in views if v.entity_columns}
+    specs = {v.name: _view_spec(v, versioning, conflicts.get(v.name)) for v in views if v.entity_columns}
     refs = {}
     for service in services:
         refs[service.name] = tuple(f"{p.name_to_use()}:{f.name}" for p in service.feature_view_projections
@@ -101,8 +121,10 @@ class CatalogRefresher:
         self._registry = FeatureStore(config=repo_config).registry
         self._project = repo_config.project
         self._versioning = bool(getattr(repo_config.registry, "enable_online_feature_view_versioning", False))
+        url = str(repo_config.registry.path)
+        self._versions = VersionLog(url) if "://" in url else None  # a SQL registry: our tables beside Feast's
         self.interval_s = interval_s if interval_s is not None else (repo_config.registry.cache_ttl_seconds or 60)
-        self.catalog = load_catalog(self._registry, self._project, self._versioning)
+        self.catalog = self._load()
         self.loaded_at = time.time()  # the last successful read of the registry
         self.error: Optional[str] = None  # why the last reload failed; None after a successful one
         self._stop = threading.Event()
@@ -115,12 +137,15 @@ class CatalogRefresher:
 
     def refresh(self) -> Catalog:
         """Reload now; an unchanged registry keeps the current catalog (and the plans cached against it)."""
-        new = load_catalog(self._registry, self._project, self._versioning)
+        new = self._load()
         self.loaded_at, self.error = time.time(), None
         if new.views != self.catalog.views or new.services != self.catalog.services:
             self.catalog = new
             logger.info("registry changed: %d views, %d services", len(new.views), len(new.services))
         return self.catalog
+
+    def _load(self) -> Catalog:
+        return load_catalog(self._registry, self._project, self._versioning, self._versions)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -140,3 +165,5 @@ class CatalogRefresher:
 
     def close(self) -> None:
         self._stop.set()
+        if self._versions is not None:
+            self._versions.close()

@@ -1,4 +1,4 @@
-"""The serving error hierarchy: each error says what was wrong and what to do; HTTP maps them to 400 / 503.
+"""The serving error hierarchy: each error says what was wrong and what to do; HTTP maps them to 400 / 409 / 503.
 Redis's own errors (unreachable, an error reply) are `redis_store.errors`'."""
 
 from __future__ import annotations
@@ -40,3 +40,10 @@ class PushUnavailableError(ServingError):
     """Kafka did not take pushed events (HTTP 503); the message says which were taken, if any, and what to do."""
 
     code = "kafka_unavailable"
+
+
+class VersionConflictError(ServingError):
+    """A view's online values were written by another version of it than the one applied (HTTP 409): served, they
+    would be read as the applied definition's values."""
+
+    code = "version_conflict"

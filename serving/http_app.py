@@ -22,7 +22,7 @@ from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
 from serving.api_keys import ApiKey
 from serving.client import AsyncOnlineClient
-from serving.errors import PushUnavailableError, RequestError, ServingError, UnknownServiceError
+from serving.errors import PushUnavailableError, RequestError, ServingError, UnknownServiceError, VersionConflictError
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
@@ -185,6 +185,8 @@ class FeatureServer:
             status, payload, kind = await self._fetch(features, entities, full)
         except TooLarge as exc:
             status, payload, kind = _error(413, exc)
+        except VersionConflictError as exc:
+            status, payload, kind = _error(409, exc)
         except RequestError as exc:
             status, payload, kind = _error(400, exc)
             if isinstance(exc, UnknownServiceError):
@@ -233,7 +235,7 @@ class FeatureServer:
             return _error(503, exc)
         except PushUnavailableError as exc:
             return _error(503, exc)
-        except RequestError:
+        except (RequestError, VersionConflictError):
             raise
         except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1

@@ -78,6 +78,8 @@ OPENAPI: dict[str, Any] = {
                     {"$ref": "#/components/schemas/GetOnlineFeaturesResponse"})},
                 "400": {"description": "malformed JSON, unknown feature or service, bad entity values",
                         **_json({"$ref": "#/components/schemas/Error"})},
+                "409": {"description": "a requested view's online values are of another version than the one "
+                                       "applied (`version_conflict`)", **_json({"$ref": "#/components/schemas/Error"})},
                 "413": {"description": "body too large", **_json({"$ref": "#/components/schemas/Error"})},
                 "503": {"description": "Redis unreachable or too slow",
                         **_json({"$ref": "#/components/schemas/Error"})},

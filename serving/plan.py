@@ -18,7 +18,7 @@ from dsl.types import ValueType
 from redis_store.decode import ColumnDecoder, column_decoder
 from redis_store.layout import KeyEncoder
 from serving.catalog import Catalog, ViewSpec
-from serving.errors import UnknownFeatureError, UnknownServiceError, RequestError
+from serving.errors import RequestError, UnknownFeatureError, UnknownServiceError, VersionConflictError
 
 _LENGTH_PREFIX = [b"$%d\r\n" % n for n in range(512)]
 
@@ -94,6 +94,8 @@ def _parse_ref(ref: str, catalog: Catalog) -> tuple[ViewSpec, str]:
         hint = difflib.get_close_matches(feature, list(view.features), n=1)
         raise UnknownFeatureError(f"feature view `{view_name}` has no feature `{feature}`"
                                   + (f"; did you mean `{view_name}:{hint[0]}`?" if hint else ""))
+    if view.conflict:
+        raise VersionConflictError(view.conflict)
     return view, feature
 
 

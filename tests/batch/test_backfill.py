@@ -27,6 +27,7 @@ from common.instants import InstantError
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
+from dsl.view_version import view_version
 
 pytestmark = pytest.mark.integration
 
@@ -107,6 +108,9 @@ def test_summary_and_record_of_the_backfill(example_repo, backfilled):
     assert {(r.view, r.start, r.end, r.rows) for r in records} == {
         (name, utc(T0_MS), utc(T1_MS), rows) for name, rows in written.items()}
     assert all(r.files >= 3 for r in records if r.view != "asset_attributes")  # three dates
+    settings = SourceSettings("", target.data_dir)
+    assert {r.view: r.version for r in records} == {
+        v.name: view_version(v, compile_view(v, settings)) for v in example_repo.views}
 
 
 def test_rerunning_a_range_replaces_it_and_keeps_the_rest(example_repo, backfilled, backfill_env, tmp_path):
@@ -147,28 +151,72 @@ def registry_url(request, tmp_path):
     return request.getfixturevalue("local_services").postgres_url()
 
 
-def test_backfill_log_replaces_contained_ranges_and_reports_gaps(registry_url):
+@pytest.fixture
+def project_log(registry_url):
+    """A backfill log and a project of the test's own, its records deleted afterwards."""
     project = f"log_{uuid.uuid4().hex[:8]}"
+    backfill_log = BackfillLog(registry_url)
+    try:
+        yield backfill_log, project
+    finally:
+        with backfill_log.engine.begin() as conn:
+            conn.execute(backfills.delete().where(backfills.c.project == project))
+        backfill_log.close()
+
+
+def test_backfill_log_replaces_contained_ranges_and_reports_gaps(project_log):
+    backfill_log, project = project_log
     day = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
     def entry(start_h: int, end_h: int, rows: int) -> BackfillRecord:
         return BackfillRecord(project, "v", day + dt.timedelta(hours=start_h), day + dt.timedelta(hours=end_h),
                               rows, 1, day + dt.timedelta(days=9))
 
-    backfill_log = BackfillLog(registry_url)
+    for record in (entry(0, 10, 1), entry(0, 10, 2), entry(20, 30, 3), entry(2, 4, 4), entry(24, 26, 5)):
+        backfill_log.record(record)
+    assert [r.rows for r in backfill_log.records(project, "v")] == [2, 4, 3, 5]
+    backfill_log.record(entry(20, 30, 6))
+    assert [r.rows for r in backfill_log.records(project)] == [2, 4, 6]
+    assert backfill_log.gaps(project, "v", day - dt.timedelta(hours=1), day + dt.timedelta(hours=40)) == [
+        (day - dt.timedelta(hours=1), day), (day + dt.timedelta(hours=10), day + dt.timedelta(hours=20)),
+        (day + dt.timedelta(hours=30), day + dt.timedelta(hours=40))]
+    assert backfill_log.gaps(project, "v", day + dt.timedelta(hours=1), day + dt.timedelta(hours=9)) == []
+
+
+def test_backfill_log_says_which_version_holds_each_part(project_log):
+    """Where records overlap, the newer one's rows are in the table: its version holds that part."""
+    backfill_log, project = project_log
+    day = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+    def at(hours: int) -> dt.datetime:
+        return day + dt.timedelta(hours=hours)
+
+    for start_h, end_h, version in ((0, 10, "a"), (4, 6, "b"), (8, 12, "c"), (12, 14, "c"), (20, 22, None)):
+        backfill_log.record(BackfillRecord(project, "v", at(start_h), at(end_h), 1, 1, day, version))
+    assert [(s.start, s.end, s.version) for s in backfill_log.versions(project, "v")] == [
+        (at(0), at(4), "a"), (at(4), at(6), "b"), (at(6), at(8), "a"), (at(8), at(14), "c"), (at(20), at(22), None)]
+    assert backfill_log.versions(project, "w") == []
+
+
+def test_a_backfill_log_made_before_versions_gets_the_column(tmp_path):
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text('CREATE TABLE featurectl_backfills (id INTEGER PRIMARY KEY, project VARCHAR(255), '
+                             'view VARCHAR(255), start DATETIME, "end" DATETIME, rows BIGINT, files INTEGER, '
+                             'finished_at DATETIME)'))
+        conn.execute(sa.text("INSERT INTO featurectl_backfills VALUES (1, 'p', 'v', '2026-01-01 00:00:00', "
+                             "'2026-01-02 00:00:00', 5, 1, '2026-01-03 00:00:00')"))
+    engine.dispose()
+    backfill_log = BackfillLog(url)
     try:
-        for record in (entry(0, 10, 1), entry(0, 10, 2), entry(20, 30, 3), entry(2, 4, 4), entry(24, 26, 5)):
-            backfill_log.record(record)
-        assert [r.rows for r in backfill_log.records(project, "v")] == [2, 4, 3, 5]
-        backfill_log.record(entry(20, 30, 6))
-        assert [r.rows for r in backfill_log.records(project)] == [2, 4, 6]
-        assert backfill_log.gaps(project, "v", day - dt.timedelta(hours=1), day + dt.timedelta(hours=40)) == [
-            (day - dt.timedelta(hours=1), day), (day + dt.timedelta(hours=10), day + dt.timedelta(hours=20)),
-            (day + dt.timedelta(hours=30), day + dt.timedelta(hours=40))]
-        assert backfill_log.gaps(project, "v", day + dt.timedelta(hours=1), day + dt.timedelta(hours=9)) == []
+        day = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+        backfill_log.record(BackfillRecord("p", "v", day + dt.timedelta(days=1), day + dt.timedelta(days=2), 1, 1,
+                                           day, "abc"))
+        assert [(r.rows, r.version) for r in backfill_log.records("p", "v")] == [(5, None), (1, "abc")]
     finally:
-        with backfill_log.engine.begin() as conn:
-            conn.execute(backfills.delete().where(backfills.c.project == project))
         backfill_log.close()
 
 

@@ -196,7 +196,8 @@ def test_delete_an_entity_then_teardown_the_project(tmp_path, local_services):
                                                                                 "dead_letters": []}}))
 
     out = _cli(repo, "teardown", "--yes")
-    assert "removed 1 API key(s) and 1 backfill record(s)" in out and f"Kafka topic(s) of its streams: {topic}" in out
+    assert "removed 1 API key(s), 1 backfill record(s) and 2 definition version(s)" in out
+    assert f"Kafka topic(s) of its streams: {topic}" in out
     assert not (tmp_path / "data" / "offline" / "player_totals").exists() and not job.exists()
     assert (tmp_path / "data" / "plays").exists()
     assert _online_keys(client, project) == set()

@@ -5,6 +5,9 @@ backfill), so Feast's own `push` and `get_historical_features` work on our views
 flag means "also write materialized and pushed rows back to the offline store"; our offline table is owned by
 the backfill, so that flag stays off and the DSL's `offline` is kept as the tag `featurectl.offline`. A DSL entity with
 several join keys becomes one Feast entity per key (`{entity}__{key}`): Feast entities carry one join key each.
+A service with `logging` gets Feast's `LoggingConfig` with a `FileLoggingDestination` at `feature_log_path`, which
+`featurectl serve` writes hive-partitioned by `__log_date` (Feast's file offline store reads that layout; its own
+writer's `partition_by` makes `YYYY-MM-DD/` folders its reader cannot read back, so `partition_by` stays unset).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsl.entity import Entity
-from dsl.feature_view import FeatureView
+from dsl.feature_view import FeatureService, FeatureView
 from dsl.repo import Repository
 
 EVENT_TIMESTAMP = "event_timestamp"
@@ -33,6 +36,21 @@ class FeastObjects:
 def offline_table_path(data_dir: Path, view: FeatureView) -> Path:
     """Where the backfill writes a view's offline feature table (one folder of Parquet files)."""
     return data_dir / "offline" / view.name
+
+
+def feature_log_path(data_dir: Path, service: str) -> Path:
+    """Where `featurectl serve` logs the vectors it serves for a feature service with logging."""
+    return data_dir / "feature_logs" / service
+
+
+def _logging_config(service: FeatureService, data_dir: Path):
+    from feast.feature_logging import LoggingConfig
+    from feast.infra.offline_stores.file_source import FileLoggingDestination
+
+    if service.logging is None:
+        return None
+    destination = FileLoggingDestination(path=str(feature_log_path(data_dir, service.name)))
+    return LoggingConfig(destination=destination, sample_rate=service.logging.sample_rate)
 
 
 def feast_entities(entity: Entity) -> list:
@@ -78,5 +96,6 @@ def compile_feast(repo: Repository, data_dir: Path) -> FeastObjects:
     for service in repo.services:
         projections = [views[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
         services.append(FeastFeatureService(name=service.name, features=projections, description=service.description,
-                                            owner=service.owner, tags=dict(service.tags)))
+                                            owner=service.owner, tags=dict(service.tags),
+                                            logging_config=_logging_config(service, data_dir)))
     return FeastObjects(entities, sources, list(views.values()), services)

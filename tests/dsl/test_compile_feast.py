@@ -41,3 +41,21 @@ def test_entity_with_two_join_keys_becomes_two_feast_entities():
     objects = compile_feast(Repository.of([view]), Path("/data"))
     assert sorted(e.name for e in objects.entities) == ["listing__item_id", "listing__shop_id"]
     assert sorted(objects.feature_views[0].entities) == ["listing__item_id", "listing__shop_id"]
+
+
+def test_logged_service_compiles_to_feast_logging_config():
+    from feast.infra.offline_stores.file_source import FileLoggingDestination
+
+    from dsl import FeatureLogging, FeatureService
+
+    asset = Entity("asset", join_keys={"asset_id": String})
+    source = EventSource("events", {"asset_id": String, "ts": Timestamp}, timestamp_field="ts", path="events")
+    view = FeatureView("activity", asset, source, features=[Aggregation("count", windows=["1h"], name="views")])
+    logged = FeatureService("ranking", features=[view], logging=FeatureLogging(sample_rate=0.25))
+    plain = FeatureService("plain", features=[view])
+    services = {s.name: s for s in compile_feast(Repository.of([view, logged, plain]), Path("/data")).feature_services}
+    config = services["ranking"].logging_config
+    assert isinstance(config.destination, FileLoggingDestination)
+    assert (config.destination.path, config.destination.partition_by, config.sample_rate) == \
+        ("/data/feature_logs/ranking", None, 0.25)
+    assert services["plain"].logging_config is None

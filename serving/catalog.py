@@ -43,10 +43,22 @@ class ViewSpec:
 
 
 @dataclass(frozen=True)
+class LogSpec:
+    """A feature service whose served vectors are logged: where, how often, and Feast's schema of its log."""
+
+    service: str
+    path: str  # the folder of its FileLoggingDestination
+    sample_rate: float
+    schema: Any  # pyarrow.Schema, as Feast's FeatureServiceLoggingSource derives it
+    features: tuple[str, ...]  # log column of each served feature (`view__feature`), in the service's order
+
+
+@dataclass(frozen=True)
 class Catalog:
     project: str
     views: dict[str, ViewSpec]
     services: dict[str, tuple[str, ...]]  # service name -> feature refs `view:feature`, in definition order
+    logged: dict[str, LogSpec] = field(default_factory=dict)  # services with a file logging destination
     version: int = field(default_factory=lambda: next(_versions))
 
 
@@ -76,11 +88,30 @@ def _view_spec(view: Any, versioning: bool) -> ViewSpec:
     return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage))
 
 
+def _log_spec(service: Any, registry: Any, project: str) -> Optional[LogSpec]:
+    """The service's logging as the server needs it; None without logging or with a destination other than
+    files (logged by Feast's own servers, not ours)."""
+    from feast.feature_logging import FeatureServiceLoggingSource
+    from feast.infra.offline_stores.file_source import FileLoggingDestination
+
+    config = service.logging_config
+    if config is None:
+        return None
+    if not isinstance(config.destination, FileLoggingDestination):
+        logger.warning("feature service `%s` logs to a %s, which featurectl serve does not write; not logged",
+                       service.name, type(config.destination).__name__)
+        return None
+    schema = FeatureServiceLoggingSource(service, project).get_schema(registry)
+    features = tuple(f"{p.name_to_use()}__{f.name}" for p in service.feature_view_projections for f in p.features)
+    return LogSpec(service.name, config.destination.path, config.sample_rate, schema, features)
+
+
 def load_catalog(registry: Any, project: str, versioning: bool = False) -> Catalog:
     """Read views and services of `project` through Feast's registry API (no cache: always the stored state)."""
     try:
         views = registry.list_feature_views(project, allow_cache=False)
         services = registry.list_feature_services(project, allow_cache=False)
+        logged = {spec.service: spec for spec in (_log_spec(s, registry, project) for s in services) if spec}
     except Exception as exc:  # SQLAlchemy, protobuf, file errors: one message for the caller
         raise RegistryError(f"cannot read the Feast registry of project `{project}`: {exc}; "
                             "check `registry.path` in feature_store.yaml and run `featurectl apply`") from exc
@@ -89,7 +120,7 @@ def load_catalog(registry: Any, project: str, versioning: bool = False) -> Catal
     for service in services:
         refs[service.name] = tuple(f"{p.name_to_use()}:{f.name}" for p in service.feature_view_projections
                                    for f in p.features)
-    return Catalog(project, specs, refs)
+    return Catalog(project, specs, refs, logged)
 
 
 class CatalogRefresher:
@@ -117,7 +148,7 @@ class CatalogRefresher:
         """Reload now; an unchanged registry keeps the current catalog (and the plans cached against it)."""
         new = load_catalog(self._registry, self._project, self._versioning)
         self.loaded_at, self.error = time.time(), None
-        if new.views != self.catalog.views or new.services != self.catalog.services:
+        if (new.views, new.services, new.logged) != (self.catalog.views, self.catalog.services, self.catalog.logged):
             self.catalog = new
             logger.info("registry changed: %d views, %d services", len(new.views), len(new.services))
         return self.catalog

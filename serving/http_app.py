@@ -4,7 +4,9 @@
 No web framework on the hot path: a request is routed by a dict lookup, parsed by orjson, checked by hand
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
 log-linear histograms. Redis failures become 503 within the client's timeout. With API keys on
-(`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open.
+(`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open. A feature
+service with logging gets a sample of its answers queued for `serving.feature_log` (the answer then carries
+`x-request-id`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
 from serving.client import AsyncOnlineClient
 from serving.errors import RequestError, ServingError, UnknownServiceError
+from serving.feature_log import FeatureLogger
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
+from serving.result import OnlineFeatures
 from serving.stats import ServerStats
 
 logger = logging.getLogger(__name__)
@@ -101,9 +105,12 @@ class FeatureServer:
 
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
-                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None):
-        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there)."""
+                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None,
+                 feature_log: Optional[FeatureLogger] = None):
+        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there);
+        `feature_log` None: no feature logging."""
         self.http = http or HttpSettings()
+        self.feature_log = feature_log
         self.make_client = make_client
         self.make_gateway = make_gateway  # None: no API keys asked (the local demo); else checked per request
         self.on_started = on_started
@@ -124,8 +131,10 @@ class FeatureServer:
         elif scope["type"] == "http":
             await answer_http(self, scope, receive, send)
 
-    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None) -> Answer:
-        """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms."""
+    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
+                      request_id: Optional[str] = None) -> Answer:
+        """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms;
+        `request_id` is the client's `X-Request-ID`, for feature logging."""
         start = time.perf_counter_ns()
         stats = self.stats
         stats.in_flight += 1
@@ -141,7 +150,7 @@ class FeatureServer:
                                                "method_not_allowed")
                 headers = ((b"allow", b"GET, HEAD" if route[0] == "GET" else route[0].encode()),)
             elif path == FEATURES_PATH:
-                status, payload, kind, service, headers = await self.get_online_features(body, api_key)
+                status, payload, kind, service, headers = await self.get_online_features(body, api_key, request_id)
             else:
                 status, payload, kind = await route[1](body)
         except Exception as exc:  # a bug, not the request: log it, answer JSON, keep serving
@@ -153,13 +162,13 @@ class FeatureServer:
         stats.record(endpoint, status, time.perf_counter_ns() - start, service)
         return status, payload, kind, headers
 
-    async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None
-                                  ) -> tuple[int, bytes, bytes, Optional[str], Any]:
+    async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None,
+                                  request_id: Optional[str] = None) -> tuple[int, bytes, bytes, Optional[str], Any]:
         """The reply, the feature service label (`-` for feature lists, None when unknown) and extra headers.
 
         With API keys on: 401 before the body is read, then 403/429 once the feature service is known.
         """
-        service, key = None, None
+        service, key, headers = None, None, ()
         try:
             if self.gateway is not None:
                 key = self.gateway.identify(api_key)
@@ -173,30 +182,39 @@ class FeatureServer:
                 if refusal is not None:
                     return _refused(refusal)
             service = features if isinstance(features, str) else "-"
-            status, payload, kind = await self._fetch(features, entities, full)
+            status, payload, kind, headers = await self._fetch(features, entities, full, request_id)
         except TooLarge as exc:
             status, payload, kind = _error(413, exc)
         except RequestError as exc:
             status, payload, kind = _error(400, exc)
             if isinstance(exc, UnknownServiceError):
                 service = None  # unknown names never become metric labels
-        return status, payload, kind, service, ()
+        return status, payload, kind, service, headers
 
-    async def _fetch(self, features: Any, entities: dict, full: bool) -> Reply:
+    async def _fetch(self, features: Any, entities: dict, full: bool, request_id: Optional[str]) -> Answer:
         if self.client is None:
-            return _error(503, ServingError("the server is starting: the registry is not loaded yet"), "starting")
+            return *_error(503, ServingError("the server is starting: the registry is not loaded yet"), "starting"), ()
         try:
             response = await self.client.get_online_features(features, entities, full_feature_names=full)
         except RedisUnavailableError as exc:
             self.stats.redis_errors += 1
-            return _error(503, exc)
+            return *_error(503, exc), ()
         except RequestError:
             raise
         except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1
             logger.error("get-online-features failed: %s", exc)
-            return _error(502, exc, "redis_error")
-        return 200, orjson.dumps(response.to_feast_response()), JSON
+            return *_error(502, exc, "redis_error"), ()
+        payload = orjson.dumps(response.to_feast_response())
+        logged = self._log(features, response, request_id) if isinstance(features, str) else None
+        return 200, payload, JSON, ((b"x-request-id", logged.encode()),) if logged else ()
+
+    def _log(self, service: str, response: OnlineFeatures, request_id: Optional[str]) -> Optional[str]:
+        """The request id logged with the answer, when its service logs and the request is sampled."""
+        spec = self.client.registry.catalog.logged.get(service)
+        if spec is None or self.feature_log is None:
+            return None
+        return self.feature_log.offer(spec, response, request_id)
 
     async def health(self, body: Optional[bytes]) -> Reply:
         return 200, b'{"status":"ok"}', JSON
@@ -240,6 +258,8 @@ class FeatureServer:
                     logger.error("feature server cannot start: %s", exc)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                if self.feature_log is not None:
+                    self.feature_log.start()
                 if self.on_started is not None:
                     self.on_started()
                 if self.stats.directory is not None:
@@ -252,6 +272,8 @@ class FeatureServer:
                     await self.client.close()
                 if self.gateway is not None:
                     self.gateway.close()  # writes the usage counted since the last flush
+                if self.feature_log is not None:
+                    self.feature_log.close()  # writes the vectors logged since the last flush
                 self.stats.dump()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -206,15 +206,16 @@ class FeatureServer:
             logger.error("get-online-features failed: %s", exc)
             return *_error(502, exc, "redis_error"), ()
         payload = orjson.dumps(response.to_feast_response())
-        logged = self._log(features, response, request_id) if isinstance(features, str) else None
+        logged = self._log(features, response, payload, request_id) if isinstance(features, str) else None
         return 200, payload, JSON, ((b"x-request-id", logged.encode()),) if logged else ()
 
-    def _log(self, service: str, response: OnlineFeatures, request_id: Optional[str]) -> Optional[str]:
+    def _log(self, service: str, response: OnlineFeatures, payload: bytes, request_id: Optional[str]
+             ) -> Optional[str]:
         """The request id logged with the answer, when its service logs and the request is sampled."""
         spec = self.client.registry.catalog.logged.get(service)
         if spec is None or self.feature_log is None:
             return None
-        return self.feature_log.offer(spec, response, request_id)
+        return self.feature_log.offer(spec, payload, len(next(iter(response.entities.values()))), request_id)
 
     async def health(self, body: Optional[bytes]) -> Reply:
         return 200, b'{"status":"ok"}', JSON

@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 import httptools
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -23,6 +24,7 @@ from featurectl.services.scratch_redis import RedisServer
 from serving_env import feast_rows, feature_server, get
 
 from common.config import FeatureLogSettings
+from dsl.types import ValueType
 from redis_store.layout import encode_timestamp
 from serving.catalog import LogSpec
 from serving.feature_log import FeatureLogger
@@ -224,13 +226,16 @@ def test_a_full_queue_drops_and_counts_vectors_never_requests(tmp_path):
         redis_server.stop()
 
 
-def _one_row_response(value: int) -> OnlineFeatures:
-    stamp = encode_timestamp(int(dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc).timestamp() * 1000))
-    return OnlineFeatures({"asset_id": ["a1"]}, ["views"], {"views": [value]}, {}, {"views": ViewRows([stamp], [], [])})
+def _answer(value: float) -> bytes:
+    """The JSON the server sends for one entity row of one float feature."""
+    stamp = encode_timestamp(int(dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc).timestamp() * 1000))
+    response = OnlineFeatures({"asset_id": ["a1"]}, ["views"], {"views": [value]}, {"views": ValueType.FLOAT64},
+                              {"views": ViewRows([stamp], [], [])})
+    return orjson.dumps(response.to_feast_response())
 
 
 def _spec(path: Path) -> LogSpec:
-    schema = pa.schema([("asset_id", pa.string()), ("v__views", pa.int64()),
+    schema = pa.schema([("asset_id", pa.string()), ("v__views", pa.float64()),
                         ("v__views__timestamp", pa.timestamp("s", "UTC")), ("v__views__status", pa.int32()),
                         ("__log_timestamp", pa.timestamp("us", "UTC")), ("__log_date", pa.date32()),
                         ("__request_id", pa.string())])
@@ -243,16 +248,18 @@ def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_
     blocked.write_text("not a folder")
     log = FeatureLogger(FeatureLogSettings(queue_rows=3, flush_s=3600), stats)
     for value in range(5):  # no writer thread yet: the queue fills, the rest is dropped at once
-        log.offer(_spec(blocked / "logs"), _one_row_response(value), f"r{value}")
+        log.offer(_spec(blocked / "logs"), _answer(value), 1, f"r{value}")
     assert (stats.feature_log["svc"].logged, stats.feature_log["svc"].dropped, stats.log_queued) == (3, 2, 3)
     log.start()
     log.close()  # cannot create its folder under a file: counted, not raised
     assert (stats.feature_log["svc"].failed, stats.feature_log["svc"].written) == (3, 0)
     good = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
     good.start()
-    good.offer(_spec(tmp_path / "logs"), _one_row_response(7), None)
+    good.offer(_spec(tmp_path / "logs"), _answer(7.5), 1, None)
+    good.offer(_spec(tmp_path / "logs"), _answer(float("inf")), 1, None)  # "Infinity" in the JSON answer
     good.close()
-    row = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()[0]
-    assert (row["asset_id"], row["v__views"], row["v__views__status"]) == ("a1", 7, 1)
-    assert row["v__views__timestamp"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
-    assert stats.feature_log["svc"].written == 1
+    rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
+    assert [(r["asset_id"], r["v__views"], r["v__views__status"]) for r in rows] == [("a1", 7.5, 1),
+                                                                                       ("a1", float("inf"), 1)]
+    assert rows[0]["v__views__timestamp"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    assert stats.feature_log["svc"].written == 2

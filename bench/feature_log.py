@@ -93,8 +93,9 @@ def _written(folder: Path) -> tuple[int, int, int]:
 @click.option("--assets", default=10_000, show_default=True, help="assets written to Redis by Feast")
 @click.option("--rate", default=2000.0, show_default=True, help="requests/s of the load")
 @click.option("--load-seconds", default=30.0, show_default=True, help="seconds of load per side")
-@click.option("--segments", default=4, show_default=True, type=click.IntRange(2, 40),
-              help="load segments in all, alternating off, on, on, off, ... (even)")
+@click.option("--segments", default=12, show_default=True, type=click.IntRange(2, 40),
+              help="load segments in all, alternating off, on, on, off, ... (even): short ones spread the host's "
+                   "bursts over both sides")
 @click.option("--workers", default=1, show_default=True, help="server worker processes")
 @click.option("--seed", default=7, show_default=True)
 @click.pass_obj

@@ -5,8 +5,8 @@ No web framework on the hot path: a request is routed by a dict lookup, parsed b
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
 log-linear histograms. Redis failures become 503 within the client's timeout. With API keys on
 (`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open. A feature
-service with logging gets a sample of its answers queued for `serving.feature_log` (the answer then carries
-`x-request-id`).
+service with logging gets the columns of a sample of its answers queued for `serving.feature_log` (the answer then
+carries `x-request-id`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
-from serving.result import OnlineFeatures
 from serving.stats import ServerStats
 
 logger = logging.getLogger(__name__)
@@ -205,17 +204,17 @@ class FeatureServer:
             self.stats.redis_errors += 1
             logger.error("get-online-features failed: %s", exc)
             return *_error(502, exc, "redis_error"), ()
-        payload = orjson.dumps(response.to_feast_response())
-        logged = self._log(features, response, payload, request_id) if isinstance(features, str) else None
+        answer = response.to_feast_response()
+        payload = orjson.dumps(answer)
+        logged = self._log(features, answer, request_id) if isinstance(features, str) else None
         return 200, payload, JSON, ((b"x-request-id", logged.encode()),) if logged else ()
 
-    def _log(self, service: str, response: OnlineFeatures, payload: bytes, request_id: Optional[str]
-             ) -> Optional[str]:
+    def _log(self, service: str, answer: dict, request_id: Optional[str]) -> Optional[str]:
         """The request id logged with the answer, when its service logs and the request is sampled."""
         spec = self.client.registry.catalog.logged.get(service)
         if spec is None or self.feature_log is None:
             return None
-        return self.feature_log.offer(spec, payload, len(next(iter(response.entities.values()))), request_id)
+        return self.feature_log.offer(spec, answer, request_id)
 
     async def health(self, body: Optional[bytes]) -> Reply:
         return 200, b'{"status":"ok"}', JSON

@@ -89,8 +89,9 @@ def _view_spec(view: Any, versioning: bool) -> ViewSpec:
 
 
 def _log_spec(service: Any, registry: Any, project: str) -> Optional[LogSpec]:
-    """The service's logging as the server needs it; None without logging or with a destination other than
-    files (logged by Feast's own servers, not ours)."""
+    """The service's logging as the server needs it; None without logging, with a destination other than files
+    (logged by Feast's own servers, not ours), or when Feast cannot derive its log schema (the service is then
+    served, not logged, and a warning says why)."""
     from feast.feature_logging import FeatureServiceLoggingSource
     from feast.infra.offline_stores.file_source import FileLoggingDestination
 
@@ -101,7 +102,11 @@ def _log_spec(service: Any, registry: Any, project: str) -> Optional[LogSpec]:
         logger.warning("feature service `%s` logs to a %s, which featurectl serve does not write; not logged",
                        service.name, type(config.destination).__name__)
         return None
-    schema = FeatureServiceLoggingSource(service, project).get_schema(registry)
+    try:
+        schema = FeatureServiceLoggingSource(service, project).get_schema(registry)
+    except Exception as exc:  # a view type Feast has no log schema for, a registry read failing now
+        logger.warning("feature service `%s`: no log schema (%s); served but not logged", service.name, exc)
+        return None
     features = tuple(f"{p.name_to_use()}__{f.name}" for p in service.feature_view_projections for f in p.features)
     return LogSpec(service.name, config.destination.path, config.sample_rate, schema, features)
 

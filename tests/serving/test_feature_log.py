@@ -262,3 +262,11 @@ def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_
                                                                                        ("a1", float("inf"), 1)]
     assert rows[0]["v__views__timestamp"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
     assert stats.feature_log["svc"].written == 2
+
+
+@pytest.mark.parametrize("given", ["has space", "x" * 129, "ünï"])
+def test_a_request_id_the_server_would_not_echo_is_replaced(served, given):
+    url, _, _ = served
+    status, _, logged_id = _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
+                                 given.encode().decode("latin-1"))
+    assert status == 200 and logged_id and logged_id != given and " " not in logged_id and len(logged_id) < 64

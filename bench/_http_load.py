@@ -6,8 +6,9 @@ queueing shows up in its percentiles (no coordinated omission).
 A request unanswered after `timeout_s`, or answered with a status other than 200, counts as an error. The run
 is bounded: it stops `timeout_s` after the last scheduled send at the latest.
 
-    python -m bench._http_load --port 6566 --rate 2000 --seconds 30 --bodies bodies.json
-prints one JSON object: ok, errors, rps, and latency percentiles in ms.
+    python -m bench._http_load --port 6566 --rate 2000 --seconds 30 --bodies bodies.json [--samples FILE]
+prints one JSON object: ok, errors, rps, and latency percentiles in ms; `--samples` also writes every latency
+(ms, a JSON list), so that several runs' percentiles can be taken together.
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--samples", default=None, help="JSON file to write every latency (ms) to")
     args = parser.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("the load generator only targets this machine (127.0.0.1)")
@@ -232,7 +234,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     import uvloop
 
     load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout)
-    print(json.dumps(uvloop.run(load.run())), flush=True)
+    report = uvloop.run(load.run())
+    if args.samples:
+        with open(args.samples, "w") as fh:
+            json.dump(load.latencies, fh)
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

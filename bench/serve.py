@@ -15,100 +15,28 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import click
 import numpy as np
-import yaml
 
-from bench._cli import featurectl
 from bench._cpu import process_cpu_s, redis_cpu_s
 from bench._http_load import sequential
 from bench._report import emit, percentiles
+from bench._serve_env import apply_repo, bench_repo, free_port, load_assets, open_loop, running_server
 
 log = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "servebench"
 ATTRIBUTES = ["category", "style", "bbox_x", "polygon_count"]
 TARGETS = {"sdk_1_p99_ms": 0.25, "sdk_100_p99_ms": 3.0, "http_1_p99_ms": 1.5, "http_load_p99_ms": 5.0}
-
-
-def _bench_repo(state_dir: Path) -> Path:
-    """The example repo's definitions under a project of their own (Feast reads its yaml: no `platform`)."""
-    repo = state_dir / "bench-serve" / "repo"
-    repo.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
-    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
-    settings.pop("platform", None)
-    settings["project"] = PROJECT
-    settings["registry"]["path"] = f"sqlite:///{state_dir / 'bench-serve' / 'registry.db'}"
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    return repo
-
-
-def _apply(repo: Path):
-    """`featurectl apply`, then Feast's own store over the same registry (the peer side)."""
-    from feast import FeatureStore
-
-    from common.config import load_config
-
-    featurectl(repo, "apply")
-    return FeatureStore(config=load_config(repo).feast_repo_config())
-
-
-def _frame(view, assets: int, rng: np.random.Generator):
-    import pandas as pd
-
-    from serving.catalog import value_type
-    from dsl.types import ValueType
-
-    now = pd.Timestamp.now(tz="UTC")
-    frame = {"asset_id": [f"asset_{i:06d}" for i in range(assets)],
-             "event_timestamp": now - pd.to_timedelta(rng.integers(60, 3600, assets), unit="s")}
-    for feature in view.features:
-        kind = value_type(feature.dtype)
-        if kind is ValueType.STRING:
-            frame[feature.name] = [f"{feature.name}_{v}" for v in rng.integers(0, 50, assets)]
-        elif kind in (ValueType.FLOAT64, ValueType.FLOAT32):
-            frame[feature.name] = rng.random(assets) * 1000
-        else:
-            frame[feature.name] = rng.integers(0, 5000, assets)
-    return pd.DataFrame(frame)
-
-
-def _load_data(store, assets: int, seed: int) -> None:
-    """Feast's own write path fills Redis (the peer's write, our read: the compatibility direction)."""
-    import redis
-
-    host, _, port = store.config.online_store.connection_string.split(",")[0].rpartition(":")
-    client = redis.Redis(host=host, port=int(port))
-    marker = f"featurectl:bench:serve:{PROJECT}"
-    stored = json.loads(client.get(marker) or b"{}")
-    if stored.get("assets") == assets and time.time() - stored.get("loaded_s", 0) < 6 * 3600:
-        log.info("bench data already in Redis (%d assets)", assets)
-        return
-    rng = np.random.default_rng(seed)
-    for name in ("asset_activity", "asset_attributes"):
-        frame = _frame(store.get_feature_view(name), assets, rng)
-        for start in range(0, assets, 20_000):
-            started = time.perf_counter()
-            store.write_to_online_store(name, frame.iloc[start:start + 20_000])
-            log.info("%s: wrote rows %d..%d with Feast (%.0f rows/s)", name, start,
-                     min(start + 20_000, assets), 20_000 / (time.perf_counter() - started))
-    client.set(marker, json.dumps({"assets": assets, "loaded_s": time.time()}))
 
 
 def _time(call: Callable[[object], object], args: list, warm: int = 10) -> list[float]:
@@ -142,45 +70,6 @@ def _figures(prefix: str, samples: list[float]) -> dict[str, float]:
     return {f"{prefix}_{k.replace('.', '')}_ms": round(v, 4) for k, v in percentiles(samples).items()}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _server(command: list[str], port: int, log_path: Path) -> Iterator[int]:
-    """The server's pid once it answers /health."""
-    with log_path.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise click.ClickException(f"server `{' '.join(command)}` did not start; see {log_path}")
-                time.sleep(0.5)
-        yield process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def _load(port: int, bodies_file: Path, rate: float, seconds: float) -> dict:
-    done = subprocess.run([sys.executable, "-m", "bench._http_load", "--port", str(port), "--bodies",
-                           str(bodies_file), "--rate", str(rate), "--seconds", str(seconds)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)
-    if done.returncode != 0:
-        raise click.ClickException(f"load generator failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _sdk(repo: Path, store, features: list[str], ids: list[str], requests: int, batches: int,
          rng: np.random.Generator) -> tuple[dict, dict, dict]:
     """Both SDKs' figures, and the host's floor: a bare PING on the SDK's own connection, same minute."""
@@ -212,14 +101,14 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
                 for _ in range(50)]
     bodies_file = scratch / "bodies.json"
     bodies_file.write_text(json.dumps(singles))
-    ours_port, peer_port = _free_port(), _free_port()
+    ours_port, peer_port = free_port(), free_port()
     ours_cmd = [sys.executable, "-m", "featurectl", "--repo", str(repo), "serve", "--port", str(ours_port),
                 "--workers", str(workers)]
     peer_cmd = [str(Path(sys.executable).parent / "feast"), "-c", str(repo), "serve", "-p", str(peer_port),
                 "--no-access-log", "--max-requests", "100000000", "--workers", str(workers)]
     out: dict[str, dict] = {"ours": {}, "peer": {}}
-    with _server(ours_cmd, ours_port, scratch / "ours.log") as ours_pid, \
-            _server(peer_cmd, peer_port, scratch / "feast.log") as peer_pid:
+    with running_server(ours_cmd, ours_port, scratch / "ours.log") as ours_pid, \
+            running_server(peer_cmd, peer_port, scratch / "feast.log") as peer_pid:
         encoded = [json.dumps(b).encode() for b in singles]
         big = [json.dumps(b).encode() for b in hundreds]
         for side, port in (("ours", ours_port), ("peer", peer_port)):
@@ -229,7 +118,7 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
         redis_at = [load_config(repo).redis_host_port]
         for side, port, pid in (("ours", ours_port, ours_pid), ("peer", peer_port, peer_pid)):
             cpu_before, redis_before = process_cpu_s(pid), redis_cpu_s(redis_at)
-            result = _load(port, bodies_file, rate, seconds)
+            result = open_loop(port, bodies_file, rate, seconds)
             answered = max(1, result["ok"])
             cpu_us = (process_cpu_s(pid) - cpu_before) / answered * 1e6
             redis_us = (redis_cpu_s(redis_at) - redis_before) / answered * 1e6
@@ -258,9 +147,9 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_reque
     """Online serving: our SDK and HTTP server against Feast's, 20 features over 2 views."""
     cfg = ctx.config()
     load_before = os.getloadavg()[0]  # other work on the machine shows in the tails: say how busy it was
-    repo = _bench_repo(cfg.state_dir)
-    store = _apply(repo)
-    _load_data(store, assets, seed)
+    repo = bench_repo(cfg.state_dir / "bench-serve", PROJECT)
+    store = apply_repo(repo)
+    load_assets(store, assets, seed)
     features = ([f"asset_activity:{f.name}" for f in store.get_feature_view("asset_activity").features]
                 + [f"asset_attributes:{name}" for name in ATTRIBUTES])
     ids = [f"asset_{i:06d}" for i in range(assets)]

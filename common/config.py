@@ -91,6 +91,20 @@ class HttpSettings(BaseModel):
                                                      "past it the server stops reading until it has answered")
 
 
+class FeatureLogSettings(BaseModel):
+    """How each `featurectl serve` worker buffers the vectors it logs for services with `logging` (the DSL's
+    `FeatureLogging` says which services and which share of their requests)."""
+
+    model_config = ConfigDict(extra="forbid")
+    queue_rows: int = Field(20_000, ge=1, description="rows served and not yet turned into Arrow; a request that "
+                                                      "would pass it is not logged (counted as dropped), never "
+                                                      "waited for")
+    flush_rows: int = Field(100_000, ge=1, description="a worker writes its Parquet files once it holds this many "
+                                                       "rows")
+    flush_s: float = Field(60.0, gt=0, description="... or every this many seconds when it holds any, and at "
+                                                   "shutdown")
+
+
 class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state_dir: str = "../.featurectl"
@@ -100,6 +114,7 @@ class PlatformSettings(BaseModel):
     flink: FlinkSettings = FlinkSettings()
     auth: AuthSettings = AuthSettings()
     http: HttpSettings = HttpSettings()
+    feature_logging: FeatureLogSettings = FeatureLogSettings()
 
 
 class ProjectConfig:

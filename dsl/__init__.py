@@ -1,12 +1,14 @@
 """The feature DSL: declarative, validated definitions and their compilers (to Feast objects, to Flink SQL).
 
-    from dsl import Entity, EventSource, FeatureView, FeatureService, Aggregation, Attribute, col, String
+    from dsl import (Entity, EventSource, FeatureView, FeatureService, FeatureLogging, Aggregation, Attribute, col,
+                     String)
 """
 
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, MissingTimestampError, TypeMismatchError,
                         UnknownColumnError, UnknownReferenceError, WindowError)
 from dsl.expr import col
+from dsl.feature_logging import FeatureLogging
 from dsl.feature_view import FeatureRef, FeatureService, FeatureView
 from dsl.features import Aggregation, Attribute, Window
 from dsl.repo import Repository, load_repo
@@ -15,7 +17,7 @@ from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, V
 
 __all__ = [
     "Aggregation", "Attribute", "Bool", "DefinitionError", "DuplicateNameError", "Entity", "EventSource",
-    "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "Int32", "Int64",
+    "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "Int32", "Int64",
     "MissingTimestampError", "Repository", "String", "Timestamp", "TypeMismatchError", "UnknownColumnError",
     "UnknownReferenceError", "ValueType", "Window", "WindowError", "col", "load_repo",
 ]

@@ -13,6 +13,10 @@ that FileSource alone for a source without a topic. Feast's registry lineage (th
 StreamFeatureView adds its stream source), and a view must keep the push source above as its own source (Feast's
 push finds views by it); so a view names its event source, topic, history and tile query in tags (`featurectl.*`,
 shown on its page in Feast's UI), and the path itself is stated as OpenLineage (`dsl.compile_lineage`).
+
+A service with `logging` gets Feast's `LoggingConfig` with a `FileLoggingDestination` at `feature_log_path`, which
+`featurectl serve` writes hive-partitioned by `__log_date` (Feast's file offline store reads that layout; its own
+writer's `partition_by` makes `YYYY-MM-DD/` folders its reader cannot read back, so `partition_by` stays unset).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Sequence
 from dsl.compile_flink import CompiledView, SourceSettings, source_path
 from dsl.entity import Entity
 from dsl.errors import DuplicateNameError
-from dsl.feature_view import FeatureView
+from dsl.feature_view import FeatureService, FeatureView
 from dsl.repo import Repository
 from dsl.source import EventSource
 from dsl.sql import quote_ident
@@ -64,6 +68,21 @@ def feast_entity_names(entity: Entity) -> list[str]:
     if len(entity.join_keys) == 1:
         return [entity.name]
     return [f"{entity.name}__{key}" for key in entity.join_keys]
+
+
+def feature_log_path(data_dir: Path, service: str) -> Path:
+    """Where `featurectl serve` logs the vectors it serves for a feature service with logging."""
+    return data_dir / "feature_logs" / service
+
+
+def _logging_config(service: FeatureService, data_dir: Path):
+    from feast.feature_logging import LoggingConfig
+    from feast.infra.offline_stores.file_source import FileLoggingDestination
+
+    if service.logging is None:
+        return None
+    destination = FileLoggingDestination(path=str(feature_log_path(data_dir, service.name)))
+    return LoggingConfig(destination=destination, sample_rate=service.logging.sample_rate)
 
 
 def feast_entities(entity: Entity) -> list:
@@ -157,5 +176,6 @@ def compile_feast(repo: Repository, settings: SourceSettings, compiled: Sequence
     for service in repo.services:
         projections = [views[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
         services.append(FeastFeatureService(name=service.name, features=projections, description=service.description,
-                                            owner=service.owner, tags=dict(service.tags)))
+                                            owner=service.owner, tags=dict(service.tags),
+                                            logging_config=_logging_config(service, settings.data_dir)))
     return FeastObjects(entities, sources, list(views.values()), services)

@@ -11,6 +11,7 @@ from dsl.duration import parse_duration
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, TypeMismatchError, UnknownColumnError,
                         UnknownReferenceError, WindowError, backticked)
+from dsl.feature_logging import FeatureLogging
 from dsl.features import Aggregation, Attribute, Feature, Window
 from dsl.names import check_name
 from dsl.source import RESERVED_COLUMNS, EventSource
@@ -170,19 +171,24 @@ class FeatureView:
 
 @dataclass(frozen=True)
 class FeatureService:
-    """The features one model reads, from one or more views; resolved and checked by the repository."""
+    """The features one model reads, from one or more views; resolved and checked by the repository. With
+    `logging`, `featurectl serve` logs a sample of the vectors it serves for this service (see README)."""
 
     name: str
     features: Sequence[FeatureView | FeatureRef | str]
     description: str = ""
     owner: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
+    logging: FeatureLogging | None = None
 
     def __post_init__(self) -> None:
         where = f"feature service {backticked(self.name)}"
         check_name(where, "name", self.name)
         if not self.features:
             raise DefinitionError(where, "lists no features", "pass views or view[[\"feature\", ...]] entries")
+        if self.logging is not None and not isinstance(self.logging, FeatureLogging):
+            raise DefinitionError(where, f"logging must be a FeatureLogging, got {type(self.logging).__name__}",
+                                  "write logging=FeatureLogging(sample_rate=0.1)")
         object.__setattr__(self, "features", tuple(self.features))
 
     def refs(self) -> list[FeatureRef]:

@@ -68,8 +68,9 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
                f"{summary.seconds:.1f} s")
 
 
-def read_entities(path: Path):
-    """Entity rows from Parquet or CSV (a CSV `event_timestamp` may hold ISO times or epoch milliseconds)."""
+def read_entities(path: Path, option: str = "--entities"):
+    """Entity (or label) rows from Parquet or CSV (a CSV `event_timestamp` may hold ISO times or epoch
+    milliseconds); `option` names the file's option in errors."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -80,7 +81,7 @@ def read_entities(path: Path):
     if suffix == ".parquet":
         return pq.read_table(path)
     if suffix != ".csv":
-        raise click.BadParameter(f"{path} is neither .parquet nor .csv", param_hint="--entities")
+        raise click.BadParameter(f"{path} is neither .parquet nor .csv", param_hint=option)
     frame = pd.read_csv(path, dtype_backend="pyarrow")
     if EVENT_TIMESTAMP in frame and not pd.api.types.is_integer_dtype(frame[EVENT_TIMESTAMP]):
         try:
@@ -89,7 +90,7 @@ def read_entities(path: Path):
             reason = str(exc).splitlines()[0].removesuffix(" You might want to try:")
             raise click.BadParameter(f"{path}: `{EVENT_TIMESTAMP}` holds a value that is not a time pandas can "
                                      f"read ({reason}): write ISO 8601 times from 1677 to 2262, or epoch "
-                                     "milliseconds", param_hint="--entities") from None
+                                     "milliseconds", param_hint=option) from None
     return pa.Table.from_pandas(frame, preserve_index=False)
 
 
@@ -113,31 +114,47 @@ def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
 
 
 @click.command("training-set")
-@click.option("--entities", "entities_path", required=True, type=click.Path(exists=True, dir_okay=False,
-              path_type=Path), help="Parquet or CSV: join keys and `event_timestamp` per row")
+@click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Parquet or CSV: join keys and `event_timestamp` per row")
 @click.option("--service", default=None, help="feature service whose features to join")
 @click.option("--feature", "feature_refs", multiple=True, help="`view:feature` to join (repeatable), instead of "
               "--service")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--from-log", "log_service", default=None, metavar="SERVICE", help="join --labels onto the vectors "
+              "`featurectl serve` logged for this feature service, instead of --entities")
+@click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="with --from-log, Parquet or CSV: the service's join keys, `event_timestamp` and label columns")
+@click.option("--out", "--output", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Parquet file to write")
 @click.option("--full-feature-names", is_flag=True, help="name columns `view__feature`")
 @click.pass_obj
-def training_set(ctx, entities_path: Path, service: str | None, feature_refs: tuple[str, ...], out_path: Path,
-                 full_feature_names: bool) -> None:
-    """Join point-in-time-correct feature values onto entity rows: as of each row's time, never later."""
+def training_set(ctx, entities_path: Path | None, service: str | None, feature_refs: tuple[str, ...],
+                 log_service: str | None, labels_path: Path | None, out_path: Path, full_feature_names: bool) -> None:
+    """Join point-in-time-correct feature values onto entity rows: as of each row's time, never later. With
+    --from-log, join labels onto the latest vector served for their entity at or before their time."""
+    if log_service or labels_path:
+        if not (log_service and labels_path) or entities_path or service or feature_refs or full_feature_names:
+            raise click.UsageError("--from-log SERVICE takes --labels FILE and --out FILE, and none of --entities, "
+                                   "--service, --feature, --full-feature-names")
+        _training_set_from_log(ctx.config(), log_service, labels_path, out_path)
+        return
+    if not entities_path:
+        raise click.UsageError("pass --entities FILE (or --from-log SERVICE --labels FILE)")
+    if bool(service) == bool(feature_refs):
+        raise click.UsageError("pass either --service NAME or one or more --feature view:feature")
+    _training_set(ctx.config(), entities_path, service or list(feature_refs), out_path, full_feature_names)
+
+
+def _training_set(cfg: ProjectConfig, entities_path: Path, features: str | list[str], out_path: Path,
+                  full_feature_names: bool) -> None:
     import pyarrow.parquet as pq
 
     from batch.training import request_times_ms, resolve_features, training_table
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP
 
-    if bool(service) == bool(feature_refs):
-        raise click.UsageError("pass either --service NAME or one or more --feature view:feature")
-    cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
     began = time.monotonic()
     entities = read_entities(entities_path)
-    features = service or list(feature_refs)
     table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
     _warn_uncovered(cfg, [view for view, _ in resolve_features(repo, features)],
                     request_times_ms(entities, EVENT_TIMESTAMP))
@@ -145,6 +162,23 @@ def training_set(ctx, entities_path: Path, service: str | None, feature_refs: tu
     pq.write_table(table, out_path)
     added = table.num_columns - entities.num_columns
     click.echo(f"wrote {table.num_rows:,} rows x {added} features to {out_path} in {time.monotonic() - began:.1f} s")
+
+
+def _training_set_from_log(cfg: ProjectConfig, service: str, labels_path: Path, out_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from feast import FeatureStore
+
+    from batch.training_log import logged_training_table
+
+    began = time.monotonic()
+    labels = read_entities(labels_path, "--labels")
+    table = logged_training_table(labels, service, FeatureStore(config=cfg.feast_repo_config()))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out_path)
+    matched = table.num_rows - table.column("__request_id").null_count
+    click.echo(f"wrote {table.num_rows:,} label rows ({matched:,} with a logged vector) x "
+               f"{table.num_columns - labels.num_columns} logged columns to {out_path} in "
+               f"{time.monotonic() - began:.1f} s")
 
 
 COMMANDS = [backfill, training_set]

@@ -1,11 +1,13 @@
 """The ASGI face of both servers' apps: any ASGI server can run an app that has `respond(method, path, body,
-api_key)` and `max_body_bytes`; ours run it on `serving.http_protocol` instead, and use ASGI for lifespan only."""
+api_key, request_id)` and `max_body_bytes`; ours run it on `serving.http_protocol` instead, and use ASGI for
+lifespan only."""
 
 from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Optional
 
 from serving.gateway import key_from_headers
+from serving.http_protocol import request_id
 
 _GONE = object()
 
@@ -15,8 +17,10 @@ async def answer_http(app: Any, scope: dict, receive: Callable[[], Awaitable[dic
     body: Any = await _read_body(receive, app.max_body_bytes) if scope["method"] == "POST" else b""
     if body is _GONE:
         return  # the client went away: nobody is left to read an answer
-    status, payload, kind, headers = await app.respond(scope["method"], scope["path"], body,
-                                                       key_from_headers(scope.get("headers", ())))
+    asked = scope.get("headers", ())
+    given_id = next((request_id(value) for name, value in asked if name.lower() == b"x-request-id"), None)
+    status, payload, kind, headers = await app.respond(scope["method"], scope["path"], body, key_from_headers(asked),
+                                                       given_id)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload)), *headers]})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})

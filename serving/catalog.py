@@ -49,10 +49,22 @@ class ViewSpec:
 
 
 @dataclass(frozen=True)
+class LogSpec:
+    """A feature service whose served vectors are logged: where, how often, and Feast's schema of its log."""
+
+    service: str
+    path: str  # the folder of its FileLoggingDestination
+    sample_rate: float
+    schema: Any  # pyarrow.Schema, as Feast's FeatureServiceLoggingSource derives it
+    features: tuple[str, ...]  # log column of each served feature (`view__feature`), in the service's order
+
+
+@dataclass(frozen=True)
 class Catalog:
     project: str
     views: dict[str, ViewSpec]
     services: dict[str, tuple[str, ...]]  # service name -> feature refs `view:feature`, in definition order
+    logged: dict[str, LogSpec] = field(default_factory=dict)  # services with a file logging destination
     version: int = field(default_factory=lambda: next(_versions))
 
 
@@ -93,6 +105,29 @@ def _view_spec(view: Any, versioning: bool, conflict: Optional[str]) -> ViewSpec
     return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage), conflict)
 
 
+def _log_spec(service: Any, registry: Any, project: str) -> Optional[LogSpec]:
+    """The service's logging as the server needs it; None without logging, with a destination other than files
+    (logged by Feast's own servers, not ours), or when Feast cannot derive its log schema (the service is then
+    served, not logged, and a warning says why)."""
+    from feast.feature_logging import FeatureServiceLoggingSource
+    from feast.infra.offline_stores.file_source import FileLoggingDestination
+
+    config = service.logging_config
+    if config is None:
+        return None
+    if not isinstance(config.destination, FileLoggingDestination):
+        logger.warning("feature service `%s` logs to a %s, which featurectl serve does not write; not logged",
+                       service.name, type(config.destination).__name__)
+        return None
+    try:
+        schema = FeatureServiceLoggingSource(service, project).get_schema(registry)
+    except Exception as exc:  # a view type Feast has no log schema for, a registry read failing now
+        logger.warning("feature service `%s`: no log schema (%s); served but not logged", service.name, exc)
+        return None
+    features = tuple(f"{p.name_to_use()}__{f.name}" for p in service.feature_view_projections for f in p.features)
+    return LogSpec(service.name, config.destination.path, config.sample_rate, schema, features)
+
+
 def load_catalog(registry: Any, project: str, versioning: bool = False,
                  version_log: Optional[VersionLog] = None) -> Catalog:
     """Read views and services of `project` through Feast's registry API (no cache: always the stored state), and
@@ -101,6 +136,7 @@ def load_catalog(registry: Any, project: str, versioning: bool = False,
         views = registry.list_feature_views(project, allow_cache=False)
         services = registry.list_feature_services(project, allow_cache=False)
         conflicts = version_conflicts(version_log, project) if version_log is not None else {}
+        logged = {spec.service: spec for spec in (_log_spec(s, registry, project) for s in services) if spec}
     except Exception as exc:  # SQLAlchemy, protobuf, file errors: one message for the caller
         raise RegistryError(f"cannot read the Feast registry of project `{project}`: {exc}; "
                             "check `registry.path` in feature_store.yaml and run `featurectl apply`") from exc
@@ -109,7 +145,7 @@ def load_catalog(registry: Any, project: str, versioning: bool = False,
     for service in services:
         refs[service.name] = tuple(f"{p.name_to_use()}:{f.name}" for p in service.feature_view_projections
                                    for f in p.features)
-    return Catalog(project, specs, refs)
+    return Catalog(project, specs, refs, logged)
 
 
 class CatalogRefresher:
@@ -139,7 +175,7 @@ class CatalogRefresher:
         """Reload now; an unchanged registry keeps the current catalog (and the plans cached against it)."""
         new = self._load()
         self.loaded_at, self.error = time.time(), None
-        if new.views != self.catalog.views or new.services != self.catalog.services:
+        if (new.views, new.services, new.logged) != (self.catalog.views, self.catalog.services, self.catalog.logged):
             self.catalog = new
             logger.info("registry changed: %d views, %d services", len(new.views), len(new.services))
         return self.catalog

@@ -4,7 +4,9 @@
 No web framework on the hot path: a request is routed by a dict lookup, parsed by orjson, checked by hand
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
 log-linear histograms. Redis failures become 503 within the client's timeout. With API keys on
-(`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open.
+(`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open. A feature
+service with logging gets the columns of a sample of its answers queued for `serving.feature_log` (the answer then
+carries `x-request-id`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
 from serving.api_keys import ApiKey
 from serving.client import AsyncOnlineClient
-from serving.errors import PushUnavailableError, RequestError, ServingError, UnknownServiceError, VersionConflictError
+from serving.errors import (PushUnavailableError, RequestError, ServingError, UnknownServiceError,
+                            VersionConflictError)
+from serving.feature_log import FeatureLogger
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
@@ -105,9 +109,12 @@ class FeatureServer:
 
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
-                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None):
-        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there)."""
+                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None,
+                 feature_log: Optional[FeatureLogger] = None):
+        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there);
+        `feature_log` None: no feature logging."""
         self.http = http or HttpSettings()
+        self.feature_log = feature_log
         self.make_client = make_client
         self.make_gateway = make_gateway  # None: no API keys asked (the local demo); else checked per request
         self.on_started = on_started
@@ -128,8 +135,10 @@ class FeatureServer:
         elif scope["type"] == "http":
             await answer_http(self, scope, receive, send)
 
-    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None) -> Answer:
-        """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms."""
+    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
+                      request_id: Optional[str] = None) -> Answer:
+        """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms;
+        `request_id` is the client's `X-Request-ID`, for feature logging."""
         start = time.perf_counter_ns()
         stats = self.stats
         stats.in_flight += 1
@@ -144,7 +153,9 @@ class FeatureServer:
                 status, payload, kind = _error(405, RequestError(f"{path} takes {route[0]}, not {method}"),
                                                "method_not_allowed")
                 headers = ((b"allow", b"GET, HEAD" if route[0] == "GET" else route[0].encode()),)
-            elif route[0] == "POST":  # the endpoints with a body, which check the API key themselves
+            elif path == FEATURES_PATH:
+                status, payload, kind, service, headers = await self.get_online_features(body, api_key, request_id)
+            elif route[0] == "POST":  # the other endpoints with a body, which check the API key themselves
                 status, payload, kind, service, headers = await route[1](body, api_key)
             else:
                 status, payload, kind = await route[1](body)
@@ -165,13 +176,13 @@ class FeatureServer:
             raise TooLarge(f"request body over {MAX_BODY_BYTES} bytes; {fewer}")
         return key
 
-    async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None
-                                  ) -> tuple[int, bytes, bytes, Optional[str], Any]:
+    async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None,
+                                  request_id: Optional[str] = None) -> tuple[int, bytes, bytes, Optional[str], Any]:
         """The reply, the feature service label (`-` for feature lists, None when unknown) and extra headers.
 
         With API keys on: 401 before the body is read, then 403/429 once the feature service is known.
         """
-        service = None
+        service, headers = None, ()
         try:
             key = self._identified(api_key, body, "send fewer entity rows per request")
             if isinstance(key, Refusal):
@@ -182,7 +193,7 @@ class FeatureServer:
                 if refusal is not None:
                     return _refused(refusal)
             service = features if isinstance(features, str) else "-"
-            status, payload, kind = await self._fetch(features, entities, full)
+            status, payload, kind, headers = await self._fetch(features, entities, full, request_id)
         except TooLarge as exc:
             status, payload, kind = _error(413, exc)
         except VersionConflictError as exc:
@@ -191,7 +202,7 @@ class FeatureServer:
             status, payload, kind = _error(400, exc)
             if isinstance(exc, UnknownServiceError):
                 service = None  # unknown names never become metric labels
-        return status, payload, kind, service, ()
+        return status, payload, kind, service, headers
 
     async def push(self, body: Optional[bytes], api_key: Optional[str] = None
                    ) -> tuple[int, bytes, bytes, Optional[str], Any]:
@@ -216,12 +227,20 @@ class FeatureServer:
     async def _pushed(client: AsyncOnlineClient, name: str, rows: dict, to: str) -> bytes:
         return orjson.dumps((await client.push(name, rows, to=to)).to_json())  # type: ignore[arg-type]
 
-    async def _fetch(self, features: Any, entities: dict, full: bool) -> Reply:
-        async def fetched(client: AsyncOnlineClient) -> bytes:
-            response = await client.get_online_features(features, entities, full_feature_names=full)
-            return orjson.dumps(response.to_feast_response())
+    async def _fetch(self, features: Any, entities: dict, full: bool, request_id: Optional[str]) -> Answer:
+        logged = None
 
-        return await self._call("get-online-features", fetched)
+        async def fetched(client: AsyncOnlineClient) -> bytes:
+            nonlocal logged
+            response = await client.get_online_features(features, entities, full_feature_names=full)
+            answer = response.to_feast_response()
+            payload = orjson.dumps(answer)
+            if isinstance(features, str):
+                logged = self._log(features, answer, request_id)
+            return payload
+
+        status, payload, kind = await self._call("get-online-features", fetched)
+        return status, payload, kind, ((b"x-request-id", logged.encode()),) if logged else ()
 
     async def _call(self, what: str, call: Callable[[AsyncOnlineClient], Awaitable[bytes]]) -> Reply:
         """200 and the payload `call` makes with the client; 503 while starting or when Redis or Kafka is away,
@@ -244,6 +263,13 @@ class FeatureServer:
         except FeaturectlError as exc:  # the repo's definitions or settings cannot be read (a push loads them)
             logger.error("%s failed: %s", what, exc)
             return _error(503, exc, "repo_error")
+
+    def _log(self, service: str, answer: dict, request_id: Optional[str]) -> Optional[str]:
+        """The request id logged with the answer, when its service logs and the request is sampled."""
+        spec = self.client.registry.catalog.logged.get(service)
+        if spec is None or self.feature_log is None:
+            return None
+        return self.feature_log.offer(spec, answer, request_id)
 
     async def health(self, body: Optional[bytes]) -> Reply:
         return 200, b'{"status":"ok"}', JSON
@@ -287,6 +313,8 @@ class FeatureServer:
                     logger.error("feature server cannot start: %s", exc)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                if self.feature_log is not None:
+                    self.feature_log.start()
                 if self.on_started is not None:
                     self.on_started()
                 if self.stats.directory is not None:
@@ -299,6 +327,8 @@ class FeatureServer:
                     await self.client.close()
                 if self.gateway is not None:
                     self.gateway.close()  # writes the usage counted since the last flush
+                if self.feature_log is not None:
+                    self.feature_log.close()  # writes the vectors logged since the last flush
                 self.stats.dump()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -1,10 +1,10 @@
 """HTTP/1.1 connections of both servers (`featurectl serve`, `featurectl generate-server`): httptools parsing,
 the app's `respond`, one write per response, and the limits that keep one client from holding a server.
 
-An app is any object with `respond(method, path, body, api_key) -> (status, payload, content type, headers)`,
-`max_body_bytes` and `http` (`common.config.HttpSettings`). Of the request headers only the API key
-(`Authorization: Bearer`, `X-API-Key`) and `Expect` are kept: the others are never copied into Python objects,
-so a header costs one comparison.
+An app is any object with `respond(method, path, body, api_key, request_id) -> (status, payload, content type,
+headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`). Of the request headers only the API key
+(`Authorization: Bearer`, `X-API-Key`), `X-Request-ID` (1 to 128 visible ASCII characters, else ignored) and
+`Expect` are kept: the others are never copied into Python objects, so a header costs one comparison.
 
 Limits, each answered with a JSON error, after the answers to the requests before it, and the connection closed:
 414 past `max_url_bytes`, 431 past `max_header_bytes` or `max_headers` (also for a header line still growing past
@@ -21,6 +21,7 @@ its ASGI request cycle, which costs two socket writes and a dozen message dicts 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from http import HTTPStatus
 from typing import Any, Optional
@@ -35,6 +36,12 @@ JSON = b"application/json"
 LINGER_S = 1.0  # after a refusal, what the client still sends is read and dropped this long, so it sees the answer
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _SPARE_HEAD_BYTES = 4096  # request line and line ends, beside the URL and header limits
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # what the server logs and echoes: no spaces, no line breaks
+
+
+def request_id(value: bytes) -> Optional[str]:
+    """An `X-Request-ID` header's value, when it is one the server may log and echo."""
+    return value.decode("ascii") if _REQUEST_ID.fullmatch(value) else None
 
 
 def _served_app(app: Any) -> Any:
@@ -64,7 +71,8 @@ class HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: Optional[asyncio.Transport] = None
         # requests read and not yet answered; a refusal is queued as (None, its response bytes, ...)
-        self.pending: deque[tuple[Optional[str], bytes, Optional[bytes], bool, Optional[str]]] = deque()
+        self.pending: deque[tuple[Optional[str], bytes, Optional[bytes], bool, Optional[str], Optional[str]]] = \
+            deque()
         self.busy = False
         self.closing = False
         self.refused = False       # a refusal is queued: nothing more is parsed on this connection
@@ -79,6 +87,7 @@ class HttpProtocol(asyncio.Protocol):
         self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
         self.head_size, self.header_count = 0, 0
         self.api_key: Optional[str] = None
+        self.request_id: Optional[str] = None
 
     # connection events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,7 +145,7 @@ class HttpProtocol(asyncio.Protocol):
         self.request_since = self.loop.time()
         self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
         self.head_size, self.header_count = 0, 0
-        self.api_key = None
+        self.api_key, self.request_id = None, None
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > self.max_url:
@@ -158,6 +167,8 @@ class HttpProtocol(asyncio.Protocol):
             self.api_key = self.api_key or value.strip().decode("latin-1")
         elif size == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True
+        elif size == 12 and name.lower() == b"x-request-id":
+            self.request_id = request_id(value)
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -175,7 +186,7 @@ class HttpProtocol(asyncio.Protocol):
         self.request_since = None
         body = b"".join(self.chunks) if self.size <= self.max_body else None
         self.pending.append((self.parser.get_method().decode(), self.url, body, self.parser.should_keep_alive(),
-                             self.api_key))
+                             self.api_key, self.request_id))
         if len(self.pending) >= self.max_pipelined:
             self._flow()
         if not self.busy:
@@ -187,7 +198,7 @@ class HttpProtocol(asyncio.Protocol):
         """Answer the pending requests of this connection in order, each with one write."""
         transport = self.transport
         while self.pending and not transport.is_closing():  # type: ignore[union-attr]
-            method, url, body, keep_alive, api_key = self.pending.popleft()
+            method, url, body, keep_alive, api_key, request_id = self.pending.popleft()
             if self.read_paused:
                 self._flow()
             if method is None:  # a refusal: its response, then no more on this connection
@@ -199,7 +210,7 @@ class HttpProtocol(asyncio.Protocol):
                 status, payload, kind, headers = 400, error_json(f"invalid URL {url[:200]!r}", "bad_request"), \
                     JSON, ()
             else:
-                status, payload, kind, headers = await self.app.respond(method, path, body, api_key)
+                status, payload, kind, headers = await self.app.respond(method, path, body, api_key, request_id)
             if transport.is_closing():  # type: ignore[union-attr]
                 break  # the client went away while we were answering
             close = not keep_alive or self.closing
@@ -219,7 +230,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.refused, self.in_head, self.request_since = True, False, None
         payload = error_json(message, code)
-        self.pending.append((None, _head(status, JSON, len(payload), True) + payload, None, False, None))
+        self.pending.append((None, _head(status, JSON, len(payload), True) + payload, None, False, None, None))
         if not self.busy:
             self.busy = True
             self.loop.create_task(self._answer())

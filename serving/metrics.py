@@ -1,5 +1,6 @@
 """Prometheus exposition of `ServerStats`: histograms whose bucket edges are exact HDR edges (powers of two
-microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors and requests in flight."""
+microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors, requests in flight and feature
+logging (rows by outcome, files and bytes per service, rows queued and buffered)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from serving.stats import POINTS, LatencyHistogram, ServerStats
+from serving.stats import POINTS, FeatureLogCounts, LatencyHistogram, ServerStats
 
 # 64 us .. 8.4 s: powers of two are bucket edges of the log-linear histogram, so these counts are exact
 BOUNDS_US = [1 << k for k in range(6, 24)]
@@ -49,6 +50,28 @@ class StatsCollector:
         yield CounterMetricFamily("featurectl_redis_errors", "requests that failed on Redis (503)",
                                   value=stats.redis_errors)
         yield GaugeMetricFamily("featurectl_requests_in_flight", "requests being served now", value=stats.in_flight)
+        yield from _feature_log(stats.feature_log)
+        yield GaugeMetricFamily("featurectl_feature_log_queued_rows", "rows served for logging, not yet in Arrow",
+                                value=stats.log_queued)
+        yield GaugeMetricFamily("featurectl_feature_log_buffered_rows", "logged rows in Arrow, not yet written",
+                                value=stats.log_buffered)
+
+
+def _feature_log(counts: dict[str, FeatureLogCounts]) -> Iterator[Metric]:
+    rows = CounterMetricFamily("featurectl_feature_log_rows", "logged rows per feature service: logged (queued), "
+                               "dropped (queue full), written, failed", labels=["feature_service", "outcome"])
+    files = CounterMetricFamily("featurectl_feature_log_files", "Parquet files written per feature service",
+                                labels=["feature_service"])
+    size = CounterMetricFamily("featurectl_feature_log_bytes", "bytes of Parquet written per feature service",
+                               labels=["feature_service"])
+    for service, count in sorted(counts.items()):
+        for outcome in ("logged", "dropped", "written", "failed"):
+            rows.add_metric([service, outcome], getattr(count, outcome))
+        files.add_metric([service], count.files)
+        size.add_metric([service], count.bytes)
+    yield rows
+    yield files
+    yield size
 
 
 def exposition(stats: ServerStats) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from array import array
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -99,9 +100,28 @@ class LatencyHistogram:
         return hist
 
 
+@dataclass
+class FeatureLogCounts:
+    """Rows (one per entity of a logged request) of one feature service: `logged` queued for writing, `dropped`
+    because the queue was full, `written` to Parquet, `failed` lost to a conversion or write error; and the
+    files and bytes written."""
+
+    logged: int = 0
+    dropped: int = 0
+    written: int = 0
+    failed: int = 0
+    files: int = 0
+    bytes: int = 0
+
+    def add(self, other: "FeatureLogCounts") -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
 class ServerStats:
     """What /metrics and /stats report: latency per endpoint and per feature service, response codes, Redis
-    errors, requests in flight. `directory` (several workers) is where each worker's counters are shared."""
+    errors, requests in flight, feature logging. `directory` (several workers) is where each worker's counters
+    are shared."""
 
     def __init__(self, directory: Optional[Path] = None):
         self.endpoints: dict[str, LatencyHistogram] = {}
@@ -109,7 +129,16 @@ class ServerStats:
         self.responses: dict[tuple[str, int], int] = {}
         self.redis_errors = 0
         self.in_flight = 0
+        self.feature_log: dict[str, FeatureLogCounts] = {}  # per logged feature service
+        self.log_queued = 0  # rows in the feature log's queue (served, not yet turned into Arrow)
+        self.log_buffered = 0  # rows turned into Arrow, not yet written
         self.directory = directory
+
+    def log_counts(self, service: str) -> FeatureLogCounts:
+        counts = self.feature_log.get(service)
+        if counts is None:
+            counts = self.feature_log[service] = FeatureLogCounts()
+        return counts
 
     def record(self, endpoint: str, status: int, ns: int, service: Optional[str] = None) -> None:
         hist = self.endpoints.get(endpoint)
@@ -128,7 +157,9 @@ class ServerStats:
         return {"endpoints": {k: h.to_json() for k, h in self.endpoints.items()},
                 "services": {k: h.to_json() for k, h in self.services.items()},
                 "responses": [[e, s, n] for (e, s), n in self.responses.items()],
-                "redis_errors": self.redis_errors, "in_flight": self.in_flight}
+                "redis_errors": self.redis_errors, "in_flight": self.in_flight,
+                "feature_log": {k: asdict(c) for k, c in self.feature_log.items()},
+                "log_queued": self.log_queued, "log_buffered": self.log_buffered}
 
     def dump(self) -> None:
         """Share this worker's counters with the others (atomic rename: readers never see half a file)."""
@@ -163,6 +194,10 @@ class ServerStats:
             self.responses[(endpoint, status)] = self.responses.get((endpoint, status), 0) + count
         self.redis_errors += part["redis_errors"]
         self.in_flight += part["in_flight"]
+        for service, counts in part["feature_log"].items():
+            self.log_counts(service).add(FeatureLogCounts(**counts))
+        self.log_queued += part["log_queued"]
+        self.log_buffered += part["log_buffered"]
 
     def summary(self) -> dict[str, Any]:
         """Percentiles in milliseconds, requests and errors: what `featurectl serve --stats URL` prints."""
@@ -170,4 +205,6 @@ class ServerStats:
             return {name: {"count": h.total, **h.percentiles_ms()} for name, h in sorted(hists.items())}
 
         return {"endpoints": table(self.endpoints), "feature_services": table(self.services),
-                "redis_errors": self.redis_errors, "in_flight": self.in_flight}
+                "redis_errors": self.redis_errors, "in_flight": self.in_flight,
+                "feature_log": {name: asdict(c) for name, c in sorted(self.feature_log.items())},
+                "feature_log_queued_rows": self.log_queued, "feature_log_buffered_rows": self.log_buffered}

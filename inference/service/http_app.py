@@ -140,8 +140,10 @@ class GenerationApp:
         elif scope["type"] == "http":
             await answer_http(self, scope, receive, send)
 
-    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None) -> Reply:
-        """The reply to one request; `body` None: it was over `MAX_BODY_BYTES`."""
+    async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
+                      request_id: Optional[str] = None) -> Reply:
+        """The reply to one request; `body` None: it was over `MAX_BODY_BYTES`. (`request_id`, the client's
+        `X-Request-ID`, is for feature logging, which generation does not do.)"""
         try:
             if path == "/generate":
                 if method != "POST":

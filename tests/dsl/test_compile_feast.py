@@ -91,3 +91,22 @@ def test_a_source_named_like_a_views_offline_table_is_refused():
     view = FeatureView("orders", shop, source, features=[Aggregation("count", windows=["1h"])])
     with pytest.raises(DuplicateNameError, match="Feast data source `orders_offline`.*rename the source or the view"):
         _compile([view])
+
+
+def test_logged_service_compiles_to_feast_logging_config():
+    from feast.infra.offline_stores.file_source import FileLoggingDestination
+
+    from dsl import FeatureLogging, FeatureService
+
+    asset = Entity("asset", join_keys={"asset_id": String})
+    source = EventSource("events", {"asset_id": String, "ts": Timestamp}, timestamp_field="ts", path="events")
+    view = FeatureView("activity", asset, source, features=[Aggregation("count", windows=["1h"], name="views")])
+    logged = FeatureService("ranking", features=[view], logging=FeatureLogging(sample_rate=0.25))
+    plain = FeatureService("plain", features=[view])
+    repo = Repository.of([view, logged, plain])
+    services = {s.name: s for s in compile_feast(repo, SETTINGS, [compile_view(view, SETTINGS)]).feature_services}
+    config = services["ranking"].logging_config
+    assert isinstance(config.destination, FileLoggingDestination)
+    assert (config.destination.path, config.destination.partition_by, config.sample_rate) == \
+        ("/data/feature_logs/ranking", None, 0.25)
+    assert services["plain"].logging_config is None

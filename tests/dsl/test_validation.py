@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsl import (Aggregation, Attribute, DuplicateNameError, Entity, EventSource, FeatureService, FeatureView,
-                 Float64, Int64, MissingTimestampError, Repository, String, Timestamp, TypeMismatchError,
+from dsl import (Aggregation, Attribute, DuplicateNameError, Entity, EventSource, FeatureLogging, FeatureService,
+                 FeatureView, Float64, Int64, MissingTimestampError, Repository, String, Timestamp, TypeMismatchError,
                  UnknownColumnError, UnknownReferenceError, WindowError, col)
 from dsl.errors import DefinitionError
 
@@ -162,3 +162,17 @@ def test_example_repo_loads():
     repo = load_repo(Path(__file__).resolve().parents[2] / "feature_repo")
     assert {v.name for v in repo.views} == {"asset_activity", "asset_attributes", "user_activity"}
     assert {s.name for s in repo.services} == {"asset_ranking", "cube3d_conditioning"}
+
+
+@pytest.mark.parametrize("rate", [0, -0.1, 1.5, float("nan"), float("inf"), True, "0.1", None])
+def test_feature_logging_takes_a_fraction_of_requests(rate):
+    with pytest.raises(DefinitionError, match=r"feature logging: sample_rate `.*` is not a fraction of requests; "
+                                              r"give a number in \(0, 1\]"):
+        FeatureLogging(sample_rate=rate)
+
+
+def test_feature_service_logging_must_be_feature_logging():
+    assert FeatureLogging(sample_rate=1).sample_rate == 1.0
+    with pytest.raises(DefinitionError, match=r"feature service `ranking`: logging must be a FeatureLogging, got "
+                                              r"float; write logging=FeatureLogging\(sample_rate=0.1\)"):
+        FeatureService("ranking", features=["activity:views_24h"], logging=0.1)

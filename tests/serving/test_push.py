@@ -272,6 +272,7 @@ def test_feasts_own_push_online_lands_in_our_layout_and_offline_is_refused(env):
     from feast import FeatureStore
     from feast.data_source import PushMode
 
+    from batch.feast_offline_store import OfflinePushRefused
     from batch.offline_table import RangeWriter
     from batch.windows import offline_schema
     from dsl.compile_feast import offline_table_path
@@ -294,7 +295,8 @@ def test_feasts_own_push_online_lands_in_our_layout_and_offline_is_refused(env):
         writer.write(pa_rows(schema, frame, day))
         writer.commit()
     before = {p: p.read_bytes() for p in table.rglob("*") if p.is_file()}
-    with pytest.raises(ValueError, match=r"missing_expected_columns: \['date'\]"):
+    with pytest.raises(OfflinePushRefused, match=r"`asset_attributes`: its offline table .* is written by "
+                                                 r"`featurectl backfill` only .* then backfill"):
         store.push("asset_attributes_push", frame, to=PushMode.ONLINE_AND_OFFLINE)
     assert {p: p.read_bytes() for p in table.rglob("*") if p.is_file()} == before
 

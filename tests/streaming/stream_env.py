@@ -46,7 +46,7 @@ online_store:
   type: redis
   connection_string: "127.0.0.1:{redis_port}"
 offline_store:
-  type: file
+  type: batch.feast_offline_store.FeaturectlOfflineStore
 entity_key_serialization_version: 3
 platform:
   state_dir: {folder}/state

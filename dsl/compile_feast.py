@@ -5,15 +5,18 @@ backfill), so Feast's own `push` and `get_historical_features` work on our views
 flag means "also write materialized and pushed rows back to the offline store"; our offline table is owned by
 the backfill, so that flag stays off and the DSL's `offline` is kept as the tag `featurectl.offline`. A DSL entity with
 several join keys becomes one Feast entity per key (`{entity}__{key}`): Feast entities carry one join key each.
+An on-demand view becomes an `OnDemandFeatureView` in Feast's "python" mode whose function is our `OnDemandUdf`
+(`dsl.transform`), registered as text that rebuilds it, so Feast's SDK runs the same code as ours.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsl.entity import Entity
 from dsl.feature_view import FeatureView
+from dsl.on_demand import OnDemandView, RequestFields
 from dsl.repo import Repository
 
 EVENT_TIMESTAMP = "event_timestamp"
@@ -25,9 +28,11 @@ class FeastObjects:
     data_sources: list
     feature_views: list
     feature_services: list
+    on_demand_views: list = field(default_factory=list)
 
     def all(self) -> list:
-        return [*self.entities, *self.data_sources, *self.feature_views, *self.feature_services]
+        return [*self.entities, *self.data_sources, *self.feature_views, *self.on_demand_views,
+                *self.feature_services]
 
 
 def offline_table_path(data_dir: Path, view: FeatureView | str) -> Path:
@@ -67,6 +72,26 @@ def _feast_view(view: FeatureView, data_dir: Path):
     return fv, [batch, push]
 
 
+def _request_source(fields: RequestFields):
+    from feast import Field, RequestSource
+
+    schema = [Field(name=k, dtype=t.feast_type()) for k, t in fields.schema.items()]
+    return RequestSource(name=fields.name, schema=schema, description=fields.description)
+
+
+def _feast_on_demand(odfv: OnDemandView, views: dict, request_sources: dict):
+    from feast import Field, OnDemandFeatureView
+    from feast.transformation.python_transformation import PythonTransformation
+
+    sources = [views[ref.view][list(ref.features)] for ref in odfv.stored_inputs]
+    sources += [request_sources[fields.name] for fields in odfv.request_sources]
+    transformation = PythonTransformation(udf=odfv.udf, udf_string=odfv.udf.registered_text())
+    return OnDemandFeatureView(name=odfv.name, sources=sources, feature_transformation=transformation, mode="python",
+                               schema=[Field(name=k, dtype=t.feast_type()) for k, t in odfv.schema.items()],
+                               description=odfv.description, owner=odfv.owner,
+                               tags={**odfv.tags, "featurectl.mode": odfv.mode})
+
+
 def compile_feast(repo: Repository, data_dir: Path) -> FeastObjects:
     from feast import FeatureService as FeastFeatureService
 
@@ -75,9 +100,12 @@ def compile_feast(repo: Repository, data_dir: Path) -> FeastObjects:
     for view in repo.views:
         views[view.name], view_sources = _feast_view(view, data_dir)
         sources.extend(view_sources)
+    request_sources = {s.name: _request_source(s) for odfv in repo.on_demand for s in odfv.request_sources}
+    sources.extend(request_sources.values())
+    on_demand = {odfv.name: _feast_on_demand(odfv, views, request_sources) for odfv in repo.on_demand}
     services = []
     for service in repo.services:
-        projections = [views[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
+        projections = [{**views, **on_demand}[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
         services.append(FeastFeatureService(name=service.name, features=projections, description=service.description,
                                             owner=service.owner, tags=dict(service.tags)))
-    return FeastObjects(entities, sources, list(views.values()), services)
+    return FeastObjects(entities, sources, list(views.values()), services, list(on_demand.values()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import click
@@ -23,7 +24,8 @@ def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
     from feast.repo_contents import RepoContents
 
     return RepoContents(projects=[Project(name=cfg.project)], data_sources=objects.data_sources,
-                        feature_views=objects.feature_views, on_demand_feature_views=[], stream_feature_views=[],
+                        feature_views=objects.feature_views, on_demand_feature_views=objects.on_demand_views,
+                        stream_feature_views=[],
                         label_views=[], entities=objects.entities, feature_services=objects.feature_services,
                         permissions=[])
 
@@ -31,6 +33,8 @@ def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
 def _store(cfg: ProjectConfig):
     from feast import FeatureStore
 
+    # Feast warns on every plan and apply that holds one; featurectl serves them itself (`serving.on_demand`)
+    warnings.filterwarnings("ignore", message="On demand feature view is an experimental feature")
     return FeatureStore(config=cfg.feast_repo_config())
 
 
@@ -82,8 +86,8 @@ def plan(ctx, sql: bool) -> None:
 def _stale_objects(store, objects: FeastObjects) -> list:
     """Objects in the registry that the repo no longer defines (what `apply` removes)."""
     wanted = {(type(o).__name__, o.name) for o in objects.all()}
-    current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_data_sources(),
-               *store.list_entities()]
+    current = [*store.list_feature_services(), *store.list_on_demand_feature_views(), *store.list_feature_views(),
+               *store.list_data_sources(), *store.list_entities()]
     return [o for o in current if (type(o).__name__, o.name) not in wanted]
 
 

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Optional
 import orjson
 
 from common.config import HttpSettings
+from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
 from serving.client import AsyncOnlineClient
@@ -192,6 +193,9 @@ class FeatureServer:
             return _error(503, exc)
         except RequestError:
             raise
+        except TransformationError as exc:  # an on-demand view's function failed: the definition's fault
+            logger.error("get-online-features failed: %s", exc)
+            return _error(500, exc, "transformation_failed")
         except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1
             logger.error("get-online-features failed: %s", exc)

@@ -127,7 +127,7 @@ def training_set(ctx, entities_path: Path, service: str | None, feature_refs: tu
     """Join point-in-time-correct feature values onto entity rows: as of each row's time, never later."""
     import pyarrow.parquet as pq
 
-    from batch.training import request_times_ms, resolve_features, training_table
+    from batch.training import request_times_ms, resolve_features, stored_reads, training_table
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP
 
@@ -139,7 +139,7 @@ def training_set(ctx, entities_path: Path, service: str | None, feature_refs: tu
     entities = read_entities(entities_path)
     features = service or list(feature_refs)
     table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
-    _warn_uncovered(cfg, [view for view, _ in resolve_features(repo, features)],
+    _warn_uncovered(cfg, [view for view, _ in stored_reads(resolve_features(repo, features))],
                     request_times_ms(entities, EVENT_TIMESTAMP))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import linecache
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -37,29 +38,42 @@ class TransformationError(FeaturectlError, ValueError):
 
 def numpy_column(values: Column, kind: ValueType) -> np.ndarray:
     """One input column as the `numpy` mode's function sees it, from a list (online) or Arrow (training) alike."""
-    if hasattr(values, "to_pylist"):
-        return _arrow_column(values, kind)
-    if kind is ValueType.STRING or (kind is ValueType.BOOL and None in values):
-        out = np.empty(len(values), dtype=object)
-        out[:] = values
-        return out
-    if kind is ValueType.BOOL:
-        return np.array(values, dtype=np.bool_)
-    if kind.is_integer and None not in values:
-        return np.array(values, dtype=np.int64)
-    return np.array(values, dtype=np.float64)  # None becomes NaN
+    return _INPUTS[kind](values)
 
 
-def _arrow_column(values: Any, kind: ValueType) -> np.ndarray:
-    import pyarrow as pa
-
-    if kind is ValueType.STRING or (kind is ValueType.BOOL and values.null_count):
+def _object_column(values: Column) -> np.ndarray:
+    if hasattr(values, "to_numpy"):
         return np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
-    if kind is ValueType.BOOL:
-        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.bool_)
-    if kind.is_integer and not values.null_count:
-        return np.asarray(values.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
-    return np.asarray(values.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _bool_column(values: Column) -> np.ndarray:
+    if hasattr(values, "to_numpy"):
+        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=None if values.null_count else np.bool_)
+    return _object_column(values) if None in values else np.array(values, dtype=np.bool_)
+
+
+def _int_column(values: Column) -> np.ndarray:
+    if hasattr(values, "to_numpy"):
+        if values.null_count:
+            return _float_column(values)
+        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.array(values, dtype=np.float64 if None in values else np.int64)  # None becomes NaN
+
+
+def _float_column(values: Column) -> np.ndarray:
+    if hasattr(values, "to_numpy"):
+        import pyarrow as pa
+
+        return np.asarray(values.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    return np.array(values, dtype=np.float64)
+
+
+_INPUTS: dict[ValueType, Callable[[Column], np.ndarray]] = {
+    ValueType.STRING: _object_column, ValueType.BOOL: _bool_column, ValueType.INT32: _int_column,
+    ValueType.INT64: _int_column, ValueType.FLOAT32: _float_column, ValueType.FLOAT64: _float_column}
 
 
 def python_column(values: Column) -> list:
@@ -80,6 +94,8 @@ class OnDemandUdf:
         self.view = view
         self.text = text
         self.__name__ = UDF_NAME
+        self._readers = [(name, _INPUTS[kind]) for name, kind in self.inputs.items()]  # per request: no lookups
+        self._writers = [(name, _OUTPUTS[kind]) for name, kind in self.outputs.items()]
 
     def run(self, columns: Mapping[str, Column], rows: int) -> dict[str, list]:
         """The output columns (lists of Python values) for `rows` rows of the input `columns`."""
@@ -87,7 +103,7 @@ class OnDemandUdf:
             if self.mode == "python":
                 result = self._run_rows(columns)
             else:
-                result = self.fn({name: numpy_column(columns[name], kind) for name, kind in self.inputs.items()})
+                result = self.fn({name: read(columns[name]) for name, read in self._readers})
         except TransformationError:
             raise
         except Exception as exc:  # the user's code: any failure is reported with its view
@@ -101,24 +117,26 @@ class OnDemandUdf:
         values = [python_column(columns[name]) for name in names]
         out: dict[str, list] = {name: [] for name in self.outputs}
         for row in zip(*values):
-            result = self.fn(dict(zip(names, row)))
-            if not isinstance(result, Mapping):
-                raise TransformationError(f"on-demand view `{self.view}`: the transformation returned "
-                                          f"{type(result).__name__}; return a dict of output values")
+            result = self._checked(self.fn(dict(zip(names, row))), "values")
             for name, column in out.items():
-                column.append(result.get(name))
+                column.append(result[name])
         return out
 
     def _outputs(self, result: Any, rows: int) -> dict[str, list]:
+        result = self._checked(result, "columns")
+        return {name: output.column(self.view, name, result[name], rows) for name, output in self._writers}
+
+    def _checked(self, result: Any, what: str) -> Mapping:
+        """`result` when it is a mapping holding every output."""
         if not isinstance(result, Mapping):
             raise TransformationError(f"on-demand view `{self.view}`: the transformation returned "
-                                      f"{type(result).__name__}; return a dict of output columns")
-        missing = [name for name in self.outputs if name not in result]
-        if missing:
+                                      f"{type(result).__name__}; return a dict of output {what}")
+        if not self.outputs.keys() <= result.keys():
+            missing = [name for name in self.outputs if name not in result]
             raise TransformationError(f"on-demand view `{self.view}`: the transformation returned no "
                                       f"{', '.join(f'`{m}`' for m in missing)}; it returned "
                                       f"{', '.join(map(str, result)) or 'nothing'}")
-        return {name: output_values(self.view, name, result[name], kind, rows) for name, kind in self.outputs.items()}
+        return result
 
     def __call__(self, columns: dict[str, list]) -> dict[str, list]:
         """Feast's "python" mode: a dict of input lists (Feast adds join keys and other columns) -> output lists."""
@@ -166,26 +184,42 @@ def load_udf(text: str, function: str, mode: str, inputs: Mapping[str, str], out
 
 def output_values(view: str, name: str, value: Any, kind: ValueType, rows: int) -> list:
     """One returned column as a list of `kind` values (None when missing), or a TransformationError."""
-    if hasattr(value, "to_numpy"):  # a pandas Series
-        value = value.to_numpy()
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-        value = [value] * rows
-    elif len(value) != rows:
-        raise TransformationError(f"on-demand view `{view}`: output `{name}` has {len(value)} values for {rows} "
-                                  "rows; return one value per row (or a scalar)")
-    array = value if isinstance(value, np.ndarray) else None
-    if kind is ValueType.FLOAT64:
-        if array is None or array.dtype.kind not in "fiub":
-            return [_float(view, name, v) for v in value]
-        floats = array.astype(np.float64, copy=False)
-        out = floats.tolist()
-        return [None if v != v else v for v in out] if np.isnan(floats).any() else out
-    if array is not None and array.dtype.kind in "iu" and kind is ValueType.INT64:
-        return array.tolist()
-    if array is not None and array.dtype.kind == "b" and kind is ValueType.BOOL:
-        return array.tolist()
-    convert = {ValueType.INT64: _int, ValueType.BOOL: _bool, ValueType.STRING: _str}[kind]
-    return [convert(view, name, v) for v in (array.tolist() if array is not None else value)]
+    return _OUTPUTS[kind].column(view, name, value, rows)
+
+
+@dataclass(frozen=True)
+class _Output:
+    """How a returned column becomes values of one output type. The usual columns, a numpy array of a kind in
+    `array_kinds` or a list of `list_type` values, take a fast path (this runs per request); anything else goes
+    through `convert`, value by value."""
+
+    array_kinds: str
+    list_type: type
+    convert: Callable[[str, str, Any], Any]
+
+    def column(self, view: str, name: str, value: Any, rows: int) -> list:
+        if hasattr(value, "to_numpy"):  # a pandas Series
+            value = value.to_numpy()
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            value = [value] * rows
+        elif len(value) != rows:
+            raise TransformationError(f"on-demand view `{view}`: output `{name}` has {len(value)} values for "
+                                      f"{rows} rows; return one value per row (or a scalar)")
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind in self.array_kinds and value.dtype != np.uint64:
+                return _without_nan(value.astype(np.float64).tolist()) if self.list_type is float else value.tolist()
+            value = value.tolist()
+        elif set(map(type, value)) <= {self.list_type}:
+            if self.list_type is float:
+                return _without_nan(value)
+            if self.list_type is not int or not value or _INT64[0] <= min(value) <= max(value) <= _INT64[1]:
+                return list(value)
+        return [self.convert(view, name, v) for v in value]
+
+
+def _without_nan(values: list) -> list:
+    """NaN is a missing value (NaN is the only value not equal to itself)."""
+    return [None if v != v else v for v in values]
 
 
 def _bad(view: str, name: str, value: Any, want: str) -> TransformationError:
@@ -213,7 +247,7 @@ def _int(view: str, name: str, value: Any) -> int | None:
         value = int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise _bad(view, name, value, "int64 (a whole number)")
-    if not -(1 << 63) <= int(value) < (1 << 63):
+    if not _INT64[0] <= int(value) <= _INT64[1]:
         raise _bad(view, name, value, "int64 (out of range)")
     return int(value)
 
@@ -232,3 +266,8 @@ def _str(view: str, name: str, value: Any) -> str | None:
     if not isinstance(value, str):
         raise _bad(view, name, value, "string")
     return str(value)
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_OUTPUTS = {ValueType.FLOAT64: _Output("fiub", float, _float), ValueType.INT64: _Output("iu", int, _int),
+            ValueType.BOOL: _Output("b", bool, _bool), ValueType.STRING: _Output("", str, _str)}

@@ -23,6 +23,7 @@ _STR = {str}
 _INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
               ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
 _FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
+_NUMBERS = {int, float}
 
 
 def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
@@ -50,7 +51,9 @@ def _check_values(key: str, kind: ValueType, values: list, what: str = "entity")
             return
         bad = next((i for i, v in enumerate(values) if type(v) is not str), None)
     elif kind in _FLOATS:
-        bad = next((i for i, v in enumerate(values) if type(v) not in (int, float)), None)
+        if set(map(type, values)) <= _NUMBERS:
+            return
+        bad = next((i for i, v in enumerate(values) if type(v) not in _NUMBERS), None)
     elif kind is ValueType.BOOL:
         bad = next((i for i, v in enumerate(values) if type(v) is not bool), None)
     else:
@@ -58,7 +61,7 @@ def _check_values(key: str, kind: ValueType, values: list, what: str = "entity")
         bad = next((i for i, v in enumerate(values) if type(v) is not int or not low <= v <= high), None)
     if bad is not None:
         value = values[bad]
-        out_of_range = kind is not ValueType.STRING and type(value) is int
+        out_of_range = kind in _INT_RANGE and type(value) is int
         raise EntityError(f"{what} `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
                           f"{shown(value)}" + (" (out of range)" if out_of_range else ""))
 

@@ -74,6 +74,12 @@ def test_python_mode_runs_once_per_row_with_plain_values():
     out = view.udf.run({"label": ["chair", None], "quantity": [1, 2], "coupon": ["", ""]}, 2)
     assert out == {"title": ["chair:1", "none:2"], "rank": [5, 4]}
 
+    def forgets_rank(row):
+        return {"title": "x"}
+
+    with pytest.raises(DefinitionError, match=r"on a sample row: .* returned no `rank`; it returned title"):
+        odfv(forgets_rank, mode="python", sources=[ITEMS[["label"]]], schema={"title": String, "rank": Int64})
+
 
 def returning(value, kind: str) -> OnDemandUdf:
     return OnDemandUdf(lambda inputs: {"out": value}, "numpy", {"x": "float64"}, {"out": kind}, "v")

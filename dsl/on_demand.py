@@ -18,6 +18,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from common.errors import shown
 from dsl.errors import DefinitionError, DuplicateNameError, TypeMismatchError, UnknownReferenceError, backticked
 from dsl.feature_view import FeatureRef, FeatureView
 from dsl.names import check_name
@@ -27,6 +28,7 @@ from dsl.transform import INPUT_TYPES, MODES, OUTPUT_TYPES, OnDemandUdf, Transfo
 from dsl.types import ValueType
 
 REQUEST_TYPES = (ValueType.STRING, ValueType.INT64, ValueType.FLOAT64, ValueType.BOOL)
+_REBUILD_HINT = "define it and what it reads at the top level of a repo file, as plain Python"
 _SAMPLES = {ValueType.STRING: "a", ValueType.INT32: 1, ValueType.INT64: 1, ValueType.FLOAT32: 1.0,
             ValueType.FLOAT64: 1.0, ValueType.BOOL: True}
 
@@ -98,9 +100,13 @@ class OnDemandView:
         self._check_schema(where, inputs)
         check_plain_function(self.transformation, where)
         self._check_signature(where)
-        udf = load_udf(portable_source(self.transformation, where), self.transformation.__name__, self.mode,
-                       {n: k.value for n, k in inputs.items()}, {n: k.value for n, k in self.schema.items()},
-                       self.name)
+        text = portable_source(self.transformation, where)
+        try:
+            udf = load_udf(text, self.transformation.__name__, self.mode, {n: k.value for n, k in inputs.items()},
+                           {n: k.value for n, k in self.schema.items()}, self.name)
+        except Exception as exc:  # what another process would meet when it rebuilds the function
+            raise DefinitionError(where, f"the transformation's source does not run on its own "
+                                         f"({type(exc).__name__}: {exc})", _REBUILD_HINT) from None
         object.__setattr__(self, "udf", udf)
         self._try(where)
 
@@ -112,7 +118,7 @@ class OnDemandView:
             return source
         if isinstance(source, RequestFields):
             return source
-        raise DefinitionError(where, f"source {source!r} is not a view, view[[\"feature\", ...]] or RequestFields",
+        raise DefinitionError(where, f"source {shown(source)} is not a view, view[[\"feature\", ...]] or RequestFields",
                               "name stored inputs through the view object, e.g. asset_activity[[\"likes_24h\"]], so "
                               "their types are known")
 

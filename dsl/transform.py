@@ -5,8 +5,8 @@ Columns in, columns out, one call per request over all its rows:
 - mode `numpy` (the default): the function gets a dict of numpy arrays, one per input, and returns a dict of
   columns (arrays, lists or pandas Series; a scalar is repeated over the rows). Missing values follow pandas:
   a float or integer column with a missing value is float64 with NaN, a string or bool column with one is an
-  object array holding None. A pandas DataFrame is not used because building one costs about 1 ms a call; numpy
-  arrays cost about a microsecond each (measured on this machine, one row, four inputs).
+  object array holding None. Not a pandas DataFrame: one row through a DataFrame (built from four inputs, two
+  column operations, a frame of outputs) took about 1 ms here, against about 10 us with numpy arrays.
 - mode `python`: the function gets one row at a time, a dict of Python values (None when missing), and returns a
   dict of values.
 Outputs are checked against their declared types; NaN comes back as a missing value (None, Arrow null).

@@ -114,7 +114,8 @@ def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
 
 @click.command("training-set")
 @click.option("--entities", "entities_path", required=True, type=click.Path(exists=True, dir_okay=False,
-              path_type=Path), help="Parquet or CSV: join keys and `event_timestamp` per row")
+              path_type=Path), help="Parquet or CSV: join keys and `event_timestamp` per row, and the request "
+              "fields of on-demand features")
 @click.option("--service", default=None, help="feature service whose features to join")
 @click.option("--feature", "feature_refs", multiple=True, help="`view:feature` to join (repeatable), instead of "
               "--service")

@@ -7,6 +7,9 @@ rule; Feast's own `get_historical_features` over the same table returns the same
 
 The as-of join is vectorized: entity keys become integer codes shared by both sides, rows and requests become
 int64 keys `code * span + tile index`, and one binary search finds every request's row.
+
+An on-demand view's features are computed from its stored inputs, joined as above, and its request fields,
+columns of the entity rows, by the same `OnDemandUdf` the online SDK runs (`dsl.transform`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.duration import milliseconds
 from dsl.feature_view import FeatureView
+from dsl.on_demand import OnDemandView
 from dsl.repo import Repository
+from dsl.types import ValueType
 
 
 # Epoch milliseconds of the calendar's ends (0001-01-01 and 9999-12-31T23:59:59.999, UTC): a request time past
@@ -36,8 +41,12 @@ class TrainingSetError(FeaturectlError, ValueError):
     """A training set cannot be built as asked; the message says why and what to do."""
 
 
-def resolve_features(repo: Repository, features: str | Sequence[str]) -> list[tuple[FeatureView, list[str]]]:
-    """A feature service name, or "view:feature" references -> the features wanted per view, in order."""
+Wanted = list[tuple[FeatureView | OnDemandView, list[str]]]
+
+
+def resolve_features(repo: Repository, features: str | Sequence[str]) -> Wanted:
+    """A feature service name, or "view:feature" references -> the features wanted per view (on-demand views
+    included), in order."""
     if isinstance(features, str):
         refs = [(ref.view, name) for ref in repo.resolve_service(repo.service(features)) for name in ref.features]
     else:
@@ -50,13 +59,29 @@ def resolve_features(repo: Repository, features: str | Sequence[str]) -> list[tu
             refs.append((view_name, name))
     wanted: dict[str, list[str]] = {}
     for view_name, name in refs:
-        known = repo.view(view_name).feature_names
+        known = _view(repo, view_name).feature_names
         if name not in known:
             raise TrainingSetError(f"feature view `{view_name}` has no feature `{name}`; it has: {', '.join(known)}")
         names = wanted.setdefault(view_name, [])
         if name not in names:
             names.append(name)
-    return [(repo.view(v), names) for v, names in wanted.items()]
+    return [(_view(repo, v), names) for v, names in wanted.items()]
+
+
+def _view(repo: Repository, name: str) -> FeatureView | OnDemandView:
+    return repo.on_demand_view(name) if any(o.name == name for o in repo.on_demand) else repo.view(name)
+
+
+def stored_reads(wanted: Wanted) -> list[tuple[FeatureView, list[str]]]:
+    """The stored features a training set reads: those asked for, and the inputs of the on-demand views asked
+    for, each once per view."""
+    reads: dict[str, tuple[FeatureView, list[str]]] = {}
+    for view, names in wanted:
+        refs = [(view, names)] if isinstance(view, FeatureView) else [(r.of, r.features) for r in view.stored_inputs]
+        for stored, features in refs:
+            known = reads.setdefault(stored.name, (stored, []))[1]
+            known.extend(f for f in features if f not in known)
+    return list(reads.values())
 
 
 def get_historical_features(entity_df: pd.DataFrame, features: str | Sequence[str], repo: Repository,
@@ -80,12 +105,45 @@ def training_table(entities: pa.Table, features: str | Sequence[str], repo: Repo
     wanted = resolve_features(repo, features)
     times = request_times_ms(entities, timestamp_column)
     names = _output_names(wanted, full_feature_names)
+    values: dict[tuple[str, str], pa.ChunkedArray | pa.Array] = {}
+    for view, feature_names in stored_reads(wanted):
+        values.update(((view.name, name), column)
+                      for name, column in as_of(view, feature_names, entities, times, data_dir).items())
     out = entities
     for view, feature_names in wanted:
-        values = as_of(view, feature_names, entities, times, data_dir)
+        columns = values if isinstance(view, FeatureView) else on_demand_columns(view, entities, values)
         for name in feature_names:
-            out = out.append_column(names[(view.name, name)], values[name])
+            out = out.append_column(names[(view.name, name)], columns[(view.name, name)])
     return out
+
+
+def on_demand_columns(odfv: OnDemandView, entities: pa.Table, stored: dict) -> dict[tuple[str, str], pa.Array]:
+    """The view's features for every entity row: its stored inputs as of each row (`stored`, keyed by
+    (view, feature)), its request fields from the entity rows' columns of those names."""
+    columns = {name: stored[(ref.view, name)] for ref in odfv.stored_inputs for name in ref.features}
+    for name, kind in odfv.request_schema.items():
+        columns[name] = _request_column(odfv, entities, name, kind)
+    out = odfv.udf.run(columns, entities.num_rows)
+    return {(odfv.name, name): pa.array(out[name], type=kind.arrow_type()) for name, kind in odfv.schema.items()}
+
+
+_REQUEST_ARROW = {ValueType.STRING: (pa.types.is_string, pa.types.is_large_string),
+                  ValueType.INT64: (pa.types.is_integer,), ValueType.BOOL: (pa.types.is_boolean,),
+                  ValueType.FLOAT64: (pa.types.is_integer, pa.types.is_floating)}
+
+
+def _request_column(odfv: OnDemandView, entities: pa.Table, name: str, kind: ValueType) -> pa.ChunkedArray:
+    """A request field's column, checked as the online SDK checks a request's: present, of its type, no NULLs."""
+    where = f"on-demand view `{odfv.name}` reads request field `{name}` ({kind.value})"
+    if name not in entities.column_names:
+        raise TrainingSetError(f"{where}: the entity rows have no such column; add one value per row, as online "
+                               "requests carry it")
+    column = entities.column(name)
+    if not any(test(column.type) for test in _REQUEST_ARROW[kind]):
+        raise TrainingSetError(f"{where}: the entity rows' column is {column.type}; convert it")
+    if column.null_count:
+        raise TrainingSetError(f"{where}: {column.null_count} entity rows have none; every row needs one, as online")
+    return column
 
 
 def request_times_ms(entities: pa.Table, column: str) -> np.ndarray:
@@ -110,7 +168,7 @@ def request_times_ms(entities: pa.Table, column: str) -> np.ndarray:
     return times
 
 
-def _output_names(wanted: list[tuple[FeatureView, list[str]]], full: bool) -> dict[tuple[str, str], str]:
+def _output_names(wanted: Wanted, full: bool) -> dict[tuple[str, str], str]:
     names = {(view.name, f): f"{view.name}__{f}" if full else f for view, features in wanted for f in features}
     if not full:
         seen: dict[str, str] = {}

@@ -11,6 +11,11 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
   `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's; the server's CPU
   (user + system, its workers included) over that phase per request answered is `cpu_per_request_us`, and
   Redis's (`INFO cpu`; anything else using that Redis in the same seconds counts too) `redis_cpu_per_request_us`.
+- On-demand: the same 1- and 100-entity SDK calls with and without the two features of `bench_on_demand` (added
+  to the bench repo: 2 stored inputs, `likes_24h` and `views_24h`, which the 20 features already read, and 2
+  request fields), ours then Feast's on the same definition. Each side alternates the two calls one by one (and
+  which goes first), so that the host's hiccups fall on both alike: `sdk_N_od_p99_ms` with it,
+  `sdk_N_od_added_p50_us` / `_p99_us` the difference of the percentiles.
 """
 
 from __future__ import annotations
@@ -36,7 +41,24 @@ from bench._serve_env import apply_repo, bench_repo, free_port, load_assets, ope
 log = logging.getLogger(__name__)
 PROJECT = "servebench"
 ATTRIBUTES = ["category", "style", "bbox_x", "polygon_count"]
-TARGETS = {"sdk_1_p99_ms": 0.25, "sdk_100_p99_ms": 3.0, "http_1_p99_ms": 1.5, "http_load_p99_ms": 5.0}
+TARGETS = {"sdk_1_p99_ms": 0.25, "sdk_100_p99_ms": 3.0, "http_1_p99_ms": 1.5, "http_load_p99_ms": 5.0,
+           "sdk_1_od_added_p99_us": 30, "sdk_100_od_added_p99_us": 1000}
+ON_DEMAND = '''
+
+bench_request = RequestFields("bench_request", {"prompt": String, "boost": Float64})
+
+
+@on_demand(sources=[asset_activity[["likes_24h", "views_24h"]], bench_request],
+           schema={"boosted_like_rate": Float64, "prompt_length": Int64})
+def bench_on_demand(inputs):
+    """2 stored inputs and 2 request fields: what `featurectl bench serve` times on-demand features with."""
+    views = inputs["views_24h"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(views == 0, 0.0, inputs["likes_24h"] / views)
+    return {"boosted_like_rate": rate * inputs["boost"], "prompt_length": [len(p) for p in inputs["prompt"]]}
+'''
+ON_DEMAND_FEATURES = ["bench_on_demand:boosted_like_rate", "bench_on_demand:prompt_length"]
+PROMPTS = ["a wooden chair", "a lamp shaped like a mushroom", "", "a low-poly fox with a long tail"]
 
 
 def _time(call: Callable[[object], object], args: list, warm: int = 10) -> list[float]:
@@ -91,6 +113,54 @@ def _sdk(repo: Path, store, features: list[str], ids: list[str], requests: int, 
     return {**mine, **_figures("sdk_100", ours)}, {**theirs, **_figures("sdk_100", peer)}, floor
 
 
+def _paired(plain: Callable, computed: Callable, args: list, warm: int = 20) -> tuple[list[float], list[float]]:
+    """Latencies (ms) of two calls of one client over the same arguments, alternated call by call; which goes first
+    alternates too, since the second call of a pair finds the same keys warm (in Redis and in our caches)."""
+    gc.collect()
+    for arg in args[:warm]:
+        plain(arg)
+        computed(arg)
+    without: list[float] = []
+    with_it: list[float] = []
+    pair = ((plain, without), (computed, with_it))
+    for i, arg in enumerate(args):
+        for call, out in pair if i % 2 else pair[::-1]:
+            start = time.perf_counter_ns()
+            call(arg)
+            out.append((time.perf_counter_ns() - start) / 1e6)
+    return without, with_it
+
+
+def _on_demand(repo: Path, store, features: list[str], ids: list[str], requests: int, batches: int,
+               rng: np.random.Generator) -> tuple[dict, dict]:
+    """Each side with and without `bench_on_demand`, paired call by call (the difference is the cost)."""
+    from serving.client import OnlineClient
+
+    client = OnlineClient.from_repo(repo)
+    both = features + ON_DEMAND_FEATURES
+
+    def request(assets: list[str]) -> tuple[dict, list[dict], list[dict]]:  # ours; Feast's rows with and without
+        columns = {"asset_id": assets, "prompt": [PROMPTS[i] for i in rng.integers(0, len(PROMPTS), len(assets))],
+                   "boost": rng.random(len(assets)).tolist()}
+        return columns, [dict(zip(columns, row)) for row in zip(*columns.values())], [{"asset_id": a} for a in assets]
+
+    sides = {"ours": (lambda a: client.get_features(features, {"asset_id": a[0]["asset_id"]}),
+                      lambda a: client.get_features(both, a[0])),
+             "peer": (lambda a: store.get_online_features(features, a[2]).to_dict(),
+                      lambda a: store.get_online_features(both, a[1]).to_dict())}
+    singles = [request([ids[i]]) for i in rng.integers(0, len(ids), requests)]
+    hundreds = [request([ids[i] for i in rng.integers(0, len(ids), 100)]) for _ in range(batches)]
+    out: dict[str, dict] = {"ours": {}, "peer": {}}
+    for side, (plain, computed) in sides.items():
+        for prefix, args in (("sdk_1", singles), ("sdk_100", hundreds)):
+            without, with_it = (percentiles(s) for s in _paired(plain, computed, args))
+            out[side].update({f"{prefix}_od_p99_ms": round(with_it["p99"], 4),
+                              f"{prefix}_od_added_p50_us": round((with_it["p50"] - without["p50"]) * 1000, 1),
+                              f"{prefix}_od_added_p99_us": round((with_it["p99"] - without["p99"]) * 1000, 1)})
+    client.close()
+    return out["ours"], out["peer"]
+
+
 def _http(repo: Path, features: list[str], ids: list[str], requests: int, batches: int, rate: float,
           seconds: float, workers: int, rng: np.random.Generator, scratch: Path) -> tuple[dict, dict]:
     from common.config import load_config
@@ -135,6 +205,10 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
 @click.option("--assets", default=100_000, show_default=True, help="assets written to Redis by Feast")
 @click.option("--requests", "sdk_requests", default=20_000, show_default=True, help="SDK 1-entity calls per side")
 @click.option("--batch-requests", default=500, show_default=True, help="SDK 100-entity calls per side")
+@click.option("--od-requests", default=10_000, show_default=True,
+              help="SDK 1-entity calls per side, with and without the on-demand view")
+@click.option("--od-batch-requests", default=500, show_default=True,
+              help="SDK 100-entity calls per side, with and without the on-demand view")
 @click.option("--http-requests", default=5_000, show_default=True, help="sequential HTTP 1-entity requests")
 @click.option("--http-batch-requests", default=200, show_default=True, help="sequential HTTP 100-entity requests")
 @click.option("--rate", default=2000.0, show_default=True, help="requests/s of the load phase")
@@ -142,12 +216,13 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
 @click.option("--workers", default=1, show_default=True, help="server worker processes, both sides")
 @click.option("--seed", default=7, show_default=True)
 @click.pass_obj
-def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_requests: int,
-            http_batch_requests: int, rate: float, load_seconds: float, workers: int, seed: int) -> None:
-    """Online serving: our SDK and HTTP server against Feast's, 20 features over 2 views."""
+def command(ctx, assets: int, sdk_requests: int, batch_requests: int, od_requests: int, od_batch_requests: int,
+            http_requests: int, http_batch_requests: int, rate: float, load_seconds: float, workers: int,
+            seed: int) -> None:
+    """Online serving: our SDK and HTTP server against Feast's, 20 features over 2 views, and an on-demand view."""
     cfg = ctx.config()
     load_before = os.getloadavg()[0]  # other work on the machine shows in the tails: say how busy it was
-    repo = bench_repo(cfg.state_dir / "bench-serve", PROJECT)
+    repo = bench_repo(cfg.state_dir / "bench-serve", PROJECT, ON_DEMAND)
     store = apply_repo(repo)
     load_assets(store, assets, seed)
     features = ([f"asset_activity:{f.name}" for f in store.get_feature_view("asset_activity").features]
@@ -155,6 +230,9 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_reque
     ids = [f"asset_{i:06d}" for i in range(assets)]
     rng = np.random.default_rng(seed)
     ours, peer, floor = _sdk(repo, store, features, ids, sdk_requests, batch_requests, rng)
+    od_ours, od_peer = _on_demand(repo, store, features, ids, od_requests, od_batch_requests, rng)
+    ours.update(od_ours)
+    peer.update(od_peer)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
         http_ours, http_peer = _http(repo, features, ids, http_requests, http_batch_requests, rate, load_seconds,
                                      workers, rng, Path(scratch))
@@ -163,7 +241,8 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_reque
     met = {f"{k}<={v}": ours[k] <= v for k, v in TARGETS.items()}
     met["http_load_errors==0"] = ours["http_load_errors"] == 0
     emit("serve", ours, peer, {"assets": assets, "features": len(features), "views": 2, "sdk_requests": sdk_requests,
-                               "batch_requests": batch_requests, "http_requests": http_requests,
+                               "batch_requests": batch_requests, "od_requests": od_requests,
+                               "od_batch_requests": od_batch_requests, "http_requests": http_requests,
                                "http_batch_requests": http_batch_requests, "load_rate": rate,
                                "load_seconds": load_seconds, "server_workers": workers, "cpus": os.cpu_count(),
                                "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],

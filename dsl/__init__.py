@@ -2,6 +2,7 @@
 
     from dsl import (Entity, EventSource, FeatureView, FeatureService, FeatureLogging, Aggregation, Attribute, col,
                      String)
+    from dsl import RequestFields, on_demand      # request-time features (`dsl.on_demand`)
 """
 
 from dsl.entity import Entity
@@ -11,6 +12,7 @@ from dsl.expr import col
 from dsl.feature_logging import FeatureLogging
 from dsl.feature_view import FeatureRef, FeatureService, FeatureView
 from dsl.features import Aggregation, Attribute, Window
+from dsl.on_demand import OnDemandView, RequestFields, on_demand
 from dsl.repo import Repository, load_repo
 from dsl.source import EventSource
 from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, ValueType
@@ -18,6 +20,7 @@ from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, V
 __all__ = [
     "Aggregation", "Attribute", "Bool", "DefinitionError", "DuplicateNameError", "Entity", "EventSource",
     "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "Int32", "Int64",
-    "MissingTimestampError", "Repository", "String", "Timestamp", "TypeMismatchError", "UnknownColumnError",
-    "UnknownReferenceError", "ValueType", "Window", "WindowError", "col", "load_repo",
+    "MissingTimestampError", "OnDemandView", "Repository", "RequestFields", "String", "Timestamp",
+    "TypeMismatchError", "UnknownColumnError", "UnknownReferenceError", "ValueType", "Window", "WindowError", "col",
+    "load_repo", "on_demand",
 ]

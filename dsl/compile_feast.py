@@ -17,11 +17,14 @@ shown on its page in Feast's UI), and the path itself is stated as OpenLineage (
 A service with `logging` gets Feast's `LoggingConfig` with a `FileLoggingDestination` at `feature_log_path`, which
 `featurectl serve` writes hive-partitioned by `__log_date` (Feast's file offline store reads that layout; its own
 writer's `partition_by` makes `YYYY-MM-DD/` folders its reader cannot read back, so `partition_by` stays unset).
+
+An on-demand view becomes an `OnDemandFeatureView` in Feast's "python" mode whose function is our `OnDemandUdf`
+(`dsl.transform`), registered as text that rebuilds it, so Feast's SDK runs the same code as ours.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +32,7 @@ from dsl.compile_flink import CompiledView, SourceSettings, source_path
 from dsl.entity import Entity
 from dsl.errors import DuplicateNameError
 from dsl.feature_view import FeatureService, FeatureView
+from dsl.on_demand import OnDemandView, RequestFields
 from dsl.repo import Repository
 from dsl.source import EventSource
 from dsl.sql import quote_ident
@@ -42,9 +46,11 @@ class FeastObjects:
     data_sources: list
     feature_views: list
     feature_services: list
+    on_demand_views: list = field(default_factory=list)
 
     def all(self) -> list:
-        return [*self.entities, *self.data_sources, *self.feature_views, *self.feature_services]
+        return [*self.entities, *self.data_sources, *self.feature_views, *self.on_demand_views,
+                *self.feature_services]
 
 
 def offline_table_path(data_dir: Path, view: FeatureView | str) -> Path:
@@ -160,6 +166,26 @@ def _check_source_names(sources: list) -> None:
         seen.add(source.name)
 
 
+def _request_source(fields: RequestFields):
+    from feast import Field, RequestSource
+
+    schema = [Field(name=k, dtype=t.feast_type()) for k, t in fields.schema.items()]
+    return RequestSource(name=fields.name, schema=schema, description=fields.description)
+
+
+def _feast_on_demand(odfv: OnDemandView, views: dict, request_sources: dict):
+    from feast import Field, OnDemandFeatureView
+    from feast.transformation.python_transformation import PythonTransformation
+
+    sources = [views[ref.view][list(ref.features)] for ref in odfv.stored_inputs]
+    sources += [request_sources[fields.name] for fields in odfv.request_sources]
+    transformation = PythonTransformation(udf=odfv.udf, udf_string=odfv.udf.registered_text())
+    return OnDemandFeatureView(name=odfv.name, sources=sources, feature_transformation=transformation, mode="python",
+                               schema=[Field(name=k, dtype=t.feast_type()) for k, t in odfv.schema.items()],
+                               description=odfv.description, owner=odfv.owner,
+                               tags={**odfv.tags, "featurectl.mode": odfv.mode})
+
+
 def compile_feast(repo: Repository, settings: SourceSettings, compiled: Sequence[CompiledView]) -> FeastObjects:
     """Feast objects for `repo`; `compiled` holds each view's Flink SQL (`dsl.compile_flink.compile_view`)."""
     from feast import FeatureService as FeastFeatureService
@@ -171,11 +197,14 @@ def compile_feast(repo: Repository, settings: SourceSettings, compiled: Sequence
     for view in repo.views:
         views[view.name], view_sources = _feast_view(view, queries[view.name], settings)
         sources.extend(view_sources)
+    request_sources = {s.name: _request_source(s) for odfv in repo.on_demand for s in odfv.request_sources}
+    sources.extend(request_sources.values())
     _check_source_names(sources)
+    on_demand = {odfv.name: _feast_on_demand(odfv, views, request_sources) for odfv in repo.on_demand}
     services = []
     for service in repo.services:
-        projections = [views[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
+        projections = [{**views, **on_demand}[ref.view][list(ref.features)] for ref in repo.resolve_service(service)]
         services.append(FeastFeatureService(name=service.name, features=projections, description=service.description,
                                             owner=service.owner, tags=dict(service.tags),
                                             logging_config=_logging_config(service, settings.data_dir)))
-    return FeastObjects(entities, sources, list(views.values()), services)
+    return FeastObjects(entities, sources, list(views.values()), services, list(on_demand.values()))

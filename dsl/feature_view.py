@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from dsl import aggregates
 from dsl.duration import parse_duration
@@ -20,10 +20,12 @@ from dsl.types import ValueType
 
 @dataclass(frozen=True)
 class FeatureRef:
-    """Some features of one view, as a feature service lists them: `view[["a", "b"]]` or `"view:a"`."""
+    """Some features of one view, as a feature service lists them: `view[["a", "b"]]` or `"view:a"`. `of` is the
+    view itself when the reference was made from it (an on-demand view reads its inputs' types there)."""
 
     view: str
     features: tuple[str, ...]
+    of: Optional["FeatureView"] = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ class FeatureView:
         if missing:
             raise UnknownReferenceError(f"feature view `{self.name}`", f"has no feature {', '.join(missing)}",
                                         f"pick from: {', '.join(self.feature_names)}")
-        return FeatureRef(self.name, tuple(names))
+        return FeatureRef(self.name, tuple(names), self)
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ class FeatureService:
     `logging`, `featurectl serve` logs a sample of the vectors it serves for this service (see README)."""
 
     name: str
-    features: Sequence[FeatureView | FeatureRef | str]
+    features: Sequence[FeatureView | FeatureRef | str]  # on-demand views too (`dsl.on_demand`)
     description: str = ""
     owner: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -193,9 +195,11 @@ class FeatureService:
 
     def refs(self) -> list[FeatureRef]:
         """Entries as FeatureRefs; a whole view becomes all its features, "view:feature" one feature."""
+        from dsl.on_demand import OnDemandView  # it builds on this module
+
         out: list[FeatureRef] = []
         for entry in self.features:
-            if isinstance(entry, FeatureView):
+            if isinstance(entry, (FeatureView, OnDemandView)):
                 out.append(FeatureRef(entry.name, tuple(entry.feature_names)))
             elif isinstance(entry, FeatureRef):
                 out.append(entry)

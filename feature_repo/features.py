@@ -1,7 +1,9 @@
 """The example repo: asset-centric features for a 3D asset marketplace and the Cube 3D generation service."""
 
-from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, Int64, String,
-                 Timestamp, col)
+import numpy as np
+
+from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, Int64,
+                 RequestFields, String, Timestamp, col, on_demand)
 
 asset = Entity("asset", join_keys={"asset_id": String}, description="a 3D asset in the catalog")
 user = Entity("user", join_keys={"user_id": String}, description="a person browsing and generating assets")
@@ -88,9 +90,36 @@ user_activity = FeatureView(
     description="how active each user is",
 )
 
+
+
+@on_demand(sources=[asset_activity[["likes_24h", "views_24h"]], asset_attributes[["bbox_x", "bbox_y", "bbox_z"]]],
+           schema={"likes_per_view_24h": Float64, "bbox_volume": Float64})
+def asset_ratios(inputs):
+    """Likes per view over 24 h (0 without views) and the bounding box's volume; NULL where an input is missing."""
+    views = inputs["views_24h"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        likes_per_view = np.where(views == 0, 0.0, inputs["likes_24h"] / views)
+    return {"likes_per_view_24h": likes_per_view, "bbox_volume": inputs["bbox_x"] * inputs["bbox_y"] * inputs["bbox_z"]}
+
+
+generation_request = RequestFields("generation_request", {"prompt": String, "target_volume": Float64},
+                                   description="what a generation request asks for")
+
+
+@on_demand(sources=[generation_request, asset_attributes[["bbox_x", "bbox_y", "bbox_z"]]],
+           schema={"prompt_length": Int64, "scale_to_target": Float64})
+def generation_fit(inputs):
+    """The prompt's length in characters, and the uniform scale that gives the asset the requested volume (NULL
+    without a bounding box of positive volume)."""
+    volume = inputs["bbox_x"] * inputs["bbox_y"] * inputs["bbox_z"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.cbrt(inputs["target_volume"] / np.where(volume > 0, volume, np.nan))
+    return {"prompt_length": [len(prompt) for prompt in inputs["prompt"]], "scale_to_target": scale}
+
+
 asset_ranking = FeatureService(
     name="asset_ranking",
-    features=[asset_activity, asset_attributes[["category", "style"]]],
+    features=[asset_activity, asset_attributes[["category", "style"]], asset_ratios],
     description="features of the asset ranking model",
 )
 

@@ -115,7 +115,8 @@ def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
 
 @click.command("training-set")
 @click.option("--entities", "entities_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Parquet or CSV: join keys and `event_timestamp` per row")
+              help="Parquet or CSV: join keys and `event_timestamp` per row, and the request fields of on-demand "
+                   "features")
 @click.option("--service", default=None, help="feature service whose features to join")
 @click.option("--feature", "feature_refs", multiple=True, help="`view:feature` to join (repeatable), instead of "
               "--service")
@@ -148,7 +149,7 @@ def _training_set(cfg: ProjectConfig, entities_path: Path, features: str | list[
                   full_feature_names: bool) -> None:
     import pyarrow.parquet as pq
 
-    from batch.training import request_times_ms, resolve_features, training_table
+    from batch.training import request_times_ms, resolve_features, stored_reads, training_table
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP
 
@@ -156,7 +157,7 @@ def _training_set(cfg: ProjectConfig, entities_path: Path, features: str | list[
     began = time.monotonic()
     entities = read_entities(entities_path)
     table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
-    _warn_uncovered(cfg, [view for view, _ in resolve_features(repo, features)],
+    _warn_uncovered(cfg, [view for view, _ in stored_reads(resolve_features(repo, features))],
                     request_times_ms(entities, EVENT_TIMESTAMP))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_path)

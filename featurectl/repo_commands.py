@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +35,8 @@ def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
     from feast.repo_contents import RepoContents
 
     return RepoContents(projects=[Project(name=cfg.project)], data_sources=objects.data_sources,
-                        feature_views=objects.feature_views, on_demand_feature_views=[], stream_feature_views=[],
+                        feature_views=objects.feature_views, on_demand_feature_views=objects.on_demand_views,
+                        stream_feature_views=[],
                         label_views=[], entities=objects.entities, feature_services=objects.feature_services,
                         permissions=[])
 
@@ -42,6 +44,8 @@ def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):
 def _store(cfg: ProjectConfig):
     from feast import FeatureStore
 
+    # Feast warns on every plan and apply that holds one; featurectl serves them itself (`serving.on_demand`)
+    warnings.filterwarnings("ignore", message="On demand feature view is an experimental feature")
     return FeatureStore(config=cfg.feast_repo_config())
 
 

@@ -7,9 +7,11 @@ compiles to now, so a changed filter or window shows even though Feast's objects
 sources, services, and views with no recorded definition are compared by their Feast fields, never by Feast's
 metadata (creation times), which made Feast's own diff report unchanged views as updated.
 
-Objects that only Feast's SDK makes, on-demand and stream feature views, are left alone, with the data sources
-and entities they read and the services that serve them: the DSL cannot define them, so if `apply` deleted them a
-Feast user could never keep one beside featurectl's views. `plan` lists them as left alone, not as deleted.
+On-demand views the DSL defines are compared by their Feast fields, their function's registered text included,
+and deleted once the repo no longer defines them; they carry the tag `featurectl.mode`. On-demand views without
+it and stream feature views, which only Feast's SDK makes, are left alone, with the data sources and entities
+they read and the services that serve them: if `apply` deleted them a Feast user could never keep one beside
+featurectl's views. `plan` lists them as left alone, not as deleted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dsl.duration import format_duration
 from dsl.view_version import Change, changes, view_definition, view_version
 
 ENTITY, SOURCE, VIEW, SERVICE = "entity", "data source", "feature view", "feature service"
+ON_DEMAND = "on demand feature view"
+OURS = "featurectl.mode"  # the tag of the on-demand views the DSL compiles (`dsl.compile_feast`)
 NO_RECORD = ("no definition recorded by `featurectl apply` (registered by an earlier featurectl or through "
              "Feast's SDK): Feast fields compared")
 
@@ -66,6 +70,7 @@ def _entity_fields(entity: Any) -> dict:
 def _source_fields(source: Any) -> dict:
     return {"type": type(source).__name__, "path": getattr(source, "path", None),
             "batch_source": getattr(getattr(source, "batch_source", None), "name", None),
+            "schema": {f.name: str(f.dtype) for f in getattr(source, "schema", None) or []},
             "description": source.description, "tags": _tags(source)}
 
 
@@ -77,13 +82,22 @@ def _view_fields(view: Any) -> dict:
             "owner": view.owner, "tags": _tags(view)}
 
 
+def _on_demand_fields(view: Any) -> dict:
+    transformation = view.feature_transformation
+    return {"inputs": {name: [f.name for f in p.features] for name, p in view.source_feature_view_projections.items()},
+            "request_sources": sorted(view.source_request_sources), "mode": view.mode,
+            "features": {f.name: str(f.dtype) for f in view.features},
+            "transformation": getattr(transformation, "udf_string", None), "description": view.description,
+            "owner": view.owner, "tags": _tags(view)}
+
+
 def _service_fields(service: Any) -> dict:
     return {"features": {p.name_to_use(): [f.name for f in p.features] for p in service.feature_view_projections},
             "description": service.description, "owner": service.owner, "tags": _tags(service)}
 
 
 FIELDS: dict[str, Callable[[Any], dict]] = {ENTITY: _entity_fields, SOURCE: _source_fields, VIEW: _view_fields,
-                                            SERVICE: _service_fields}
+                                            ON_DEMAND: _on_demand_fields, SERVICE: _service_fields}
 
 
 @dataclass
@@ -91,14 +105,15 @@ class _Registered:
     """What the registry holds for the project, by kind and name, and what featurectl leaves alone in it."""
 
     objects: dict[str, dict[str, Any]]
-    feast_only: list  # on-demand and stream feature views
+    feast_only: list  # on-demand views the DSL did not compile, and stream feature views
     kept: dict[str, set[str]]  # kind -> names left alone with them
 
     @classmethod
     def read(cls, store: Any) -> "_Registered":
+        on_demand = store.list_on_demand_feature_views()
         objects = {ENTITY: store.list_entities(), SOURCE: store.list_data_sources(), VIEW: store.list_feature_views(),
-                   SERVICE: store.list_feature_services()}
-        feast_only = [*store.list_on_demand_feature_views(), *store.list_stream_feature_views()]
+                   ON_DEMAND: [v for v in on_demand if OURS in _tags(v)], SERVICE: store.list_feature_services()}
+        feast_only = [*(v for v in on_demand if OURS not in _tags(v)), *store.list_stream_feature_views()]
         names = {v.name for v in feast_only}
         kept = {ENTITY: {e for v in feast_only for e in getattr(v, "entities", [])},
                 SOURCE: {s.name for v in feast_only for s in _sources_of(v)},
@@ -181,9 +196,10 @@ def plan_repo(compiled: CompiledRepo, store: Any, version_log: VersionLog, backf
             view_plan.stale = _stale_spans(view_plan, backfill_log, project)
             plan.objects.append(view_plan)
             plan.to_record[view.name] = (view_plan.versions[1], view_definition(view))
+    plan.objects += _compare(ON_DEMAND, feast.on_demand_views, registered)
     plan.objects += _compare(SERVICE, feast.feature_services, registered)
-    wanted = {SERVICE: feast.feature_services, VIEW: feast.feature_views, SOURCE: feast.data_sources,
-              ENTITY: feast.entities}
+    wanted = {SERVICE: feast.feature_services, ON_DEMAND: feast.on_demand_views, VIEW: feast.feature_views,
+              SOURCE: feast.data_sources, ENTITY: feast.entities}
     for kind, objects in wanted.items():
         for object_plan, obj in _deletes(kind, objects, registered):
             plan.objects.append(object_plan)

@@ -24,6 +24,7 @@ from dsl.duration import milliseconds
 from dsl.types import ValueType
 from redis_store.layout import field_name, ts_field
 from serving.errors import RegistryError
+from serving.on_demand import OnDemandSpec, on_demand_spec
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Catalog:
     views: dict[str, ViewSpec]
     services: dict[str, tuple[str, ...]]  # service name -> feature refs `view:feature`, in definition order
     logged: dict[str, LogSpec] = field(default_factory=dict)  # services with a file logging destination
+    on_demand: dict[str, OnDemandSpec] = field(default_factory=dict)
     version: int = field(default_factory=lambda: next(_versions))
 
 
@@ -137,6 +139,7 @@ def load_catalog(registry: Any, project: str, versioning: bool = False,
         services = registry.list_feature_services(project, allow_cache=False)
         conflicts = version_conflicts(version_log, project) if version_log is not None else {}
         logged = {spec.service: spec for spec in (_log_spec(s, registry, project) for s in services) if spec}
+        on_demand = registry.list_on_demand_feature_views(project, allow_cache=False, skip_udf=True)
     except Exception as exc:  # SQLAlchemy, protobuf, file errors: one message for the caller
         raise RegistryError(f"cannot read the Feast registry of project `{project}`: {exc}; "
                             "check `registry.path` in feature_store.yaml and run `featurectl apply`") from exc
@@ -145,7 +148,8 @@ def load_catalog(registry: Any, project: str, versioning: bool = False,
     for service in services:
         refs[service.name] = tuple(f"{p.name_to_use()}:{f.name}" for p in service.feature_view_projections
                                    for f in p.features)
-    return Catalog(project, specs, refs, logged)
+    computed = {odfv.name: spec for odfv in on_demand if (spec := on_demand_spec(odfv, value_type)) is not None}
+    return Catalog(project, specs, refs, logged, computed)
 
 
 class CatalogRefresher:
@@ -175,7 +179,8 @@ class CatalogRefresher:
         """Reload now; an unchanged registry keeps the current catalog (and the plans cached against it)."""
         new = self._load()
         self.loaded_at, self.error = time.time(), None
-        if (new.views, new.services, new.logged) != (self.catalog.views, self.catalog.services, self.catalog.logged):
+        if (new.views, new.services, new.logged, new.on_demand) != (self.catalog.views, self.catalog.services,
+                                                                    self.catalog.logged, self.catalog.on_demand):
             self.catalog = new
             logger.info("registry changed: %d views, %d services", len(new.views), len(new.services))
         return self.catalog

@@ -20,6 +20,7 @@ import orjson
 
 from common.config import HttpSettings
 from common.errors import FeaturectlError
+from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
 from serving.api_keys import ApiKey
@@ -256,6 +257,9 @@ class FeatureServer:
             return _error(503, exc)
         except (RequestError, VersionConflictError):
             raise
+        except TransformationError as exc:  # an on-demand view's function failed: the definition's fault
+            logger.error("get-online-features failed: %s", exc)
+            return _error(500, exc, "transformation_failed")
         except (ServingError, RedisStoreError) as exc:  # Redis answered with an error (a key of another type...)
             self.stats.redis_errors += 1
             logger.error("%s failed: %s", what, exc)

@@ -20,7 +20,10 @@ from serving.result import OnlineFeatures, ViewRows, parse_timestamps
 
 EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 _STR = {str}
-_INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1)}
+_INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
+              ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
+_FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
+_NUMBERS = {int, float}
 
 
 def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
@@ -42,39 +45,58 @@ def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
     return {key: [row[key] for row in entity_rows] for key in keys}
 
 
-def _check_values(key: str, kind: ValueType, values: list) -> None:
+def _check_values(key: str, kind: ValueType, values: list, what: str = "entity") -> None:
     if kind is ValueType.STRING:
         if set(map(type, values)) <= _STR:  # the usual case, checked in C
             return
         bad = next((i for i, v in enumerate(values) if type(v) is not str), None)
+    elif kind in _FLOATS:
+        if set(map(type, values)) <= _NUMBERS:
+            return
+        bad = next((i for i, v in enumerate(values) if type(v) not in _NUMBERS), None)
+    elif kind is ValueType.BOOL:
+        bad = next((i for i, v in enumerate(values) if type(v) is not bool), None)
     else:
         low, high = _INT_RANGE[kind]
         bad = next((i for i, v in enumerate(values) if type(v) is not int or not low <= v <= high), None)
     if bad is not None:
         value = values[bad]
-        out_of_range = kind is not ValueType.STRING and type(value) is int
-        raise EntityError(f"entity `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
+        out_of_range = kind in _INT_RANGE and type(value) is int
+        raise EntityError(f"{what} `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
                           f"{shown(value)}" + (" (out of range)" if out_of_range else ""))
 
 
-def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType]) -> tuple[dict[str, list], int]:
-    """Entity rows as columns, checked against the join keys the plan needs; returns the columns and row count."""
+def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType],
+                   request_fields: Optional[Mapping[str, Optional[ValueType]]] = None) -> tuple[dict, int, dict]:
+    """Entity rows as columns, checked against the join keys and request fields (on-demand views' inputs, carried
+    beside the join keys as Feast does) the plan needs; returns the join key columns, the row count and the
+    request field columns."""
     columns = _as_columns(entity_rows)
-    if columns.keys() != join_keys.keys():
+    request_fields = request_fields or {}
+    if columns.keys() != join_keys.keys() | request_fields.keys():
         missing = [k for k in join_keys if k not in columns]
         if missing:
             raise EntityError(f"entity rows lack join key(s) {', '.join(f'`{k}`' for k in missing)}, needed by "
                               f"the requested features; pass them under `entities`")
-        extra = [k for k in columns if k not in join_keys]
+        missing = [k for k in request_fields if k not in columns]
+        if missing:
+            raise EntityError(f"entity rows lack request field(s) {', '.join(f'`{k}`' for k in missing)}, read by "
+                              "the requested on-demand features; pass them beside the join keys, one value per row")
+        extra = [k for k in columns if k not in join_keys and k not in request_fields]
         raise EntityError(f"unknown join key(s) {', '.join(f'`{k}`' for k in extra)}; the requested features "
-                          f"join on {', '.join(f'`{k}`' for k in join_keys)}")
+                          f"join on {', '.join(f'`{k}`' for k in join_keys) or 'nothing'}"
+                          + (f" and read {', '.join(f'`{k}`' for k in request_fields)}" if request_fields else ""))
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
         raise EntityError(f"entity columns have different lengths ({sorted(lengths)}); give one value per row "
                           "for every join key")
     for key, kind in join_keys.items():
         _check_values(key, kind, columns[key])
-    return {k: columns[k] for k in join_keys}, lengths.pop() if lengths else 0
+    for name, kind in request_fields.items():
+        if kind is not None:
+            _check_values(name, kind, columns[name], "request field")
+    rows = lengths.pop() if lengths else 0
+    return {k: columns[k] for k in join_keys}, rows, {k: columns[k] for k in request_fields}
 
 
 class PreparedRequest:
@@ -82,7 +104,7 @@ class PreparedRequest:
 
     def __init__(self, plan: Plan, entity_rows: EntityRows):
         self.plan = plan
-        self.entities, self.rows = entity_columns(entity_rows, plan.join_keys)
+        self.entities, self.rows, self.request = entity_columns(entity_rows, plan.join_keys, plan.request_fields)
         self.keys: list[bytes] = []
         self.commands: list[bytes] = []
         if self.rows:
@@ -120,7 +142,7 @@ class PreparedRequest:
                                 column[i] = None
                     values.update(zip(batch.names, columns))
                 rows_of.update(dict.fromkeys(read.names, rows))
-        return OnlineFeatures(self.entities, plan.names, values, plan.kinds, rows_of)
+        return self._answer(values, rows_of)
 
     def _finish_row(self, replies: list) -> OnlineFeatures:
         """One entity row, the usual online request: each batch's values are picked from the row's reply in C,
@@ -137,6 +159,12 @@ class PreparedRequest:
                     for batch in read.batches:
                         values.update(zip(batch.names, [[v] for v in batch.decode(batch.pick(row))]))
                 rows_of.update(dict.fromkeys(read.names, rows))
+        return self._answer(values, rows_of)
+
+    def _answer(self, values: dict[str, list], rows_of: dict[str, ViewRows]) -> OnlineFeatures:
+        """The decoded columns with the on-demand features computed from them, once over all rows."""
+        for read in self.plan.on_demand:
+            read.apply(values, rows_of, self.entities, self.request, self.rows)
         return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of)
 
 

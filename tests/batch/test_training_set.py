@@ -172,7 +172,7 @@ def test_cli_training_set_from_csv(example_repo, backfilled, tmp_path):
     done = featurectl("--repo", str(repo_dir), "training-set", "--entities", str(entities), "--service",
                       "asset_ranking", "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert "wrote 300 rows x 18 features" in done.stdout
+    assert "wrote 300 rows x 20 features" in done.stdout  # 18 stored, 2 on demand (asset_ratios)
     assert "`asset_activity` was never backfilled over [2025-12-30T19:00:00+00:00, 2026-01-01T20:00:00+00:00)" \
         in done.stderr
     written = pq.read_table(out)

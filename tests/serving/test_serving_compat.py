@@ -77,9 +77,14 @@ def test_values_written_by_feast_read_identically(feast_written):
 
 def test_feature_service_and_full_names_match_feast(feast_written):
     _, store, client = feast_written
+    on_demand = {"asset_ranking": ["asset_ratios__likes_per_view_24h", "asset_ratios__bbox_volume"],
+                 "cube3d_conditioning": []}
     for service in ("asset_ranking", "cube3d_conditioning"):
         ours = client.get_features(service, [{"asset_id": r} for r in ROWS], full_feature_names=True)
-        assert ours == _feast_dict(store, store.get_feature_service(service), ROWS, full_feature_names=True)
+        theirs = _feast_dict(store, store.get_feature_service(service), ROWS, full_feature_names=True)
+        # Feast 0.67 leaves on-demand features out of answers with full names (test_on_demand_serving compares them)
+        assert {k: v for k, v in ours.items() if k in theirs} == theirs
+        assert [k for k in ours if k not in theirs] == on_demand[service]
 
 
 def test_response_body_matches_feast_feature_server(feast_written):

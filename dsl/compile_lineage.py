@@ -21,6 +21,7 @@ from typing import Sequence
 from dsl.compile_feast import feast_entity_names, history_source_name
 from dsl.compile_flink import CompiledView, SourceSettings, source_path
 from dsl.feature_view import FeatureService, FeatureView
+from dsl.on_demand import OnDemandView
 from dsl.repo import Repository
 from dsl.source import EventSource
 
@@ -39,6 +40,7 @@ def lineage_events(namespace: str, repo: Repository, compiled: Sequence[Compiled
     when = event_time.isoformat()
     queries = {c.view: c.tile_query for c in compiled}
     events = [_view_run(namespace, view, queries[view.name], settings, when) for view in repo.views]
+    events += [_on_demand_run(namespace, odfv, repo, when) for odfv in repo.on_demand]
     events += [_service_run(namespace, service, repo, when) for service in repo.services]
     return events
 
@@ -51,13 +53,27 @@ def _view_run(namespace: str, view: FeatureView, tile_query: str, settings: Sour
                            [_view_dataset(namespace, view)], when)
 
 
+def _on_demand_run(namespace: str, odfv: OnDemandView, repo: Repository, when: str) -> dict:
+    about = (f"the on-demand view `{odfv.name}`: its function, run at request time by featurectl's SDK and server "
+             "and on the rows of training sets")
+    inputs = [_view_dataset(namespace, repo.view(ref.view)) for ref in odfv.stored_inputs]
+    inputs += [{"namespace": namespace, "name": fields.name,
+                "facets": {"feast_dataSource": {"name": fields.name, "source_type": "RequestSource",
+                                                "description": fields.description}}}
+               for fields in odfv.request_sources]
+    return _definition_run(namespace, f"{odfv.name}_transformation", {"documentation": {"description": about}},
+                           inputs, [_on_demand_dataset(namespace, odfv)], when)
+
+
 def _service_run(namespace: str, service: FeatureService, repo: Repository, when: str) -> dict:
-    views = [repo.view(ref.view) for ref in repo.resolve_service(service)]
+    computed = {odfv.name: odfv for odfv in repo.on_demand}
+    names = [ref.view for ref in repo.resolve_service(service)]
     output = {"namespace": namespace, "name": service.name,
-              "facets": {"feast_featureService": {"name": service.name, "feature_views": [v.name for v in views],
+              "facets": {"feast_featureService": {"name": service.name, "feature_views": names,
                                                   "description": service.description}}}
-    return _definition_run(namespace, f"feature_service_{service.name}", {},
-                           [_view_dataset(namespace, view) for view in views], [output], when)
+    inputs = [_on_demand_dataset(namespace, computed[name]) if name in computed
+              else _view_dataset(namespace, repo.view(name)) for name in names]
+    return _definition_run(namespace, f"feature_service_{service.name}", {}, inputs, [output], when)
 
 
 def _definition_run(namespace: str, job: str, facets: dict, inputs: list[dict], outputs: list[dict],
@@ -84,6 +100,11 @@ def _source_datasets(source: EventSource, settings: SourceSettings) -> list[dict
                                 "name": source.name, "source_type": "KafkaSource",
                                 "timestamp_field": source.timestamp_field, "description": source.description}}})
     return datasets
+
+
+def _on_demand_dataset(namespace: str, odfv: OnDemandView) -> dict:
+    facet = {"name": odfv.name, "features": list(odfv.schema), "entities": [], "description": odfv.description}
+    return {"namespace": namespace, "name": odfv.name, "facets": {"feast_featureView": facet}}
 
 
 def _view_dataset(namespace: str, view: FeatureView) -> dict:

@@ -27,7 +27,8 @@ def _ids(datasets: list[dict]) -> list[tuple[str, str]]:
 def test_each_view_is_its_tile_query_from_topic_and_history(pytestconfig):
     events, queries = _events(pytestconfig)
     assert sorted(events) == ["asset_activity_tile_query", "asset_attributes_tile_query",
-                              "feature_service_asset_ranking", "feature_service_cube3d_conditioning",
+                              "asset_ratios_transformation", "feature_service_asset_ranking",
+                              "feature_service_cube3d_conditioning", "generation_fit_transformation",
                               "user_activity_tile_query"]
     job = events["asset_activity_tile_query"]
     assert job["job"]["namespace"] == "shop" and job["eventTime"] == "2026-01-02T03:04:05+00:00"
@@ -50,6 +51,18 @@ def test_each_service_reads_the_views_it_names(pytestconfig):
     assert _ids(run["outputs"]) == [("shop", "cube3d_conditioning")]
     again, _ = _events(pytestconfig)
     assert again["feature_service_cube3d_conditioning"]["run"] == run["run"]  # one run per definition
+    ranking = events["feature_service_asset_ranking"]
+    assert _ids(ranking["inputs"]) == [("shop", "asset_activity"), ("shop", "asset_attributes"),
+                                       ("shop", "asset_ratios")]
+
+
+def test_an_on_demand_view_reads_its_stored_views_and_request_fields(pytestconfig):
+    events, _ = _events(pytestconfig)
+    fit = events["generation_fit_transformation"]
+    assert sorted(_ids(fit["inputs"])) == [("shop", "asset_attributes"), ("shop", "generation_request")]
+    assert fit["inputs"][-1]["facets"]["feast_dataSource"]["source_type"] == "RequestSource"
+    assert _ids(fit["outputs"]) == [("shop", "generation_fit")]
+    assert fit["outputs"][0]["facets"]["feast_featureView"]["features"] == ["prompt_length", "scale_to_target"]
 
 
 def test_a_source_without_a_topic_is_read_from_its_history_alone():

@@ -100,7 +100,7 @@ def _parse_ref(ref: str, catalog: Catalog) -> tuple[ViewSpec | OnDemandSpec, str
         hint = difflib.get_close_matches(feature, list(view.features), n=1)
         raise UnknownFeatureError(f"feature view `{view_name}` has no feature `{feature}`"
                                   + (f"; did you mean `{view_name}:{hint[0]}`?" if hint else ""))
-    if view.conflict:
+    if isinstance(view, ViewSpec) and view.conflict:
         raise VersionConflictError(view.conflict)
     return view, feature
 
@@ -178,6 +178,8 @@ def _on_demand_read(catalog: Catalog, spec: OnDemandSpec, wanted: list[str], sto
         if view is None or any(f not in view.features for f in features):
             raise UnknownFeatureError(f"on-demand view `{spec.name}` reads features of `{view_name}` that the "
                                       "registry does not hold; run `featurectl apply`")
+        if view.conflict:
+            raise VersionConflictError(view.conflict)
         requested = stored.setdefault(view_name, (view, []))[1]
         for feature in features:
             if feature not in requested:

@@ -96,8 +96,10 @@ def test_the_cluster_holds_exactly_what_one_node_holds_ttl_included(loaded):
     expected = _hashes(single, project)
     assert len(expected) > 2_900, "most entities have a row in one of the runs"
     got = _hashes(cluster, project)
-    assert got == expected
-    assert {ttl for _, ttl in got.values()} <= {TTL_S // 60 - 1, TTL_S // 60 - 2}, "every key expires as on one node"
+    assert {k: fields for k, (fields, _) in got.items()} == {k: fields for k, (fields, _) in expected.items()}
+    # the two loads ran apart, so a key's minutes left may differ by one across a minute's turn
+    assert all(abs(got[k][1] - expected[k][1]) <= 1 for k in got), "every key expires as on one node"
+    assert {ttl for _, ttl in got.values()} <= {TTL_S // 60 - 1, TTL_S // 60 - 2}
     per_node = [sum(1 for _ in c.scan_iter(match=b"*" + project.encode(), count=1_000)) for c in cluster]
     assert min(per_node) > 500, per_node
 

@@ -6,6 +6,8 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
 - SDK: `OnlineClient.get_features` against `FeatureStore.get_online_features(...).to_dict()`, 1 and 100 entities,
   interleaved in blocks so that both sides see the same machine.
   First, 5,000 bare PINGs on the SDK's connection give the host's round-trip floor (`params.redis_ping_ms`).
+- The data's profiles are recorded as a backfill would record them, so that `featurectl serve` samples what it
+  serves and keeps its drift metrics (`serving.drift`) as it does in production.
 - HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every
   1,000 requests), sequential 1 and 100 entities, then an open-loop load of `--rate` requests/s for
   `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's; the server's CPU
@@ -109,6 +111,28 @@ def _load_data(store, assets: int, seed: int) -> None:
             log.info("%s: wrote rows %d..%d with Feast (%.0f rows/s)", name, start,
                      min(start + 20_000, assets), 20_000 / (time.perf_counter() - started))
     client.set(marker, json.dumps({"assets": assets, "loaded_s": time.time()}))
+
+
+def _record_profiles(store, repo: Path, assets: int, seed: int) -> None:
+    """The profiles of the data `_load_data` writes (the same frames, from the same seed) as a backfill records them,
+    so that the server samples and bins what it serves for its drift metrics, as it would in production."""
+    import datetime as dt
+
+    from common.config import load_config
+    from common.feature_profile import categorical_profile, numeric_profile
+    from common.quality_log import QualityLog, QualityRecord
+
+    cfg, rng, now = load_config(repo), np.random.default_rng(seed), dt.datetime.now(dt.timezone.utc)
+    quality_log = QualityLog(cfg.registry_url)
+    try:
+        for name in ("asset_activity", "asset_attributes"):
+            frame, weights = _frame(store.get_feature_view(name), assets, rng), np.ones(assets)
+            profiles = {f: (categorical_profile(list(frame[f]), weights) if frame[f].dtype == object
+                            else numeric_profile(frame[f].to_numpy(), weights)) for f in frame.columns[2:]}
+            quality_log.record(QualityRecord(PROJECT, name, now - dt.timedelta(days=1), now, now, assets,
+                                             profiles=profiles))
+    finally:
+        quality_log.close()
 
 
 def _time(call: Callable[[object], object], args: list, warm: int = 10) -> list[float]:
@@ -261,6 +285,7 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, http_reque
     repo = _bench_repo(cfg.state_dir)
     store = _apply(repo)
     _load_data(store, assets, seed)
+    _record_profiles(store, repo, assets, seed)
     features = ([f"asset_activity:{f.name}" for f in store.get_feature_view("asset_activity").features]
                 + [f"asset_attributes:{name}" for name in ATTRIBUTES])
     ids = [f"asset_{i:06d}" for i in range(assets)]

@@ -1,9 +1,10 @@
 """Prometheus exposition of `ServerStats`: histograms whose bucket edges are exact HDR edges (powers of two
-microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors and requests in flight."""
+microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors and requests in flight; and the
+drift of served values per feature (`serving.drift`)."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -51,7 +52,10 @@ class StatsCollector:
         yield GaugeMetricFamily("featurectl_requests_in_flight", "requests being served now", value=stats.in_flight)
 
 
-def exposition(stats: ServerStats) -> bytes:
+def exposition(stats: ServerStats, drift: Optional[Any] = None) -> bytes:
+    """The scrape; `drift`: a collector of drift metrics (`serving.drift.DriftMonitor`), when sampling is on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(stats))
+    if drift is not None:
+        registry.register(drift)
     return generate_latest(registry)

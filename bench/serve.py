@@ -258,6 +258,9 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
             cpu_us = (process_cpu_s(pid) - cpu_before) / answered * 1e6
             redis_us = (redis_cpu_s(redis_at) - redis_before) / answered * 1e6
             log.info("%s under load: %s", side, result)
+            if side == "ours":  # the features whose drift the server kept while under load (sampling was on)
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                    out[side]["drift_features"] = reply.read().count(b"featurectl_feature_drift{")
             out[side].update({"http_load_rps": result["rps"], "http_load_errors": result["errors"],
                               "cpu_per_request_us": round(cpu_us, 1), "redis_cpu_per_request_us": round(redis_us, 1),
                               **{f"http_load_{k}": result[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms")}})

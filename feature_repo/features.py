@@ -1,7 +1,8 @@
 """The example repo: asset-centric features for a 3D asset marketplace and the Cube 3D generation service."""
 
-from dsl import (Aggregation, AllowedValues, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64,
-                 InRange, Int64, NotNullRate, String, Timestamp, col)
+from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, Int64, String,
+                 Timestamp, col)
+from dsl import AllowedValues, InRange, NotNullRate  # data-quality expectations
 
 asset = Entity("asset", join_keys={"asset_id": String}, description="a 3D asset in the catalog")
 user = Entity("user", join_keys={"user_id": String}, description="a person browsing and generating assets")

@@ -166,7 +166,8 @@ def _profiles(table: pa.Table, view: FeatureView, weights: np.ndarray) -> dict[s
         if kind.is_numeric or kind is ValueType.TIMESTAMP:
             out[name] = numeric_profile(_numbers(column)[keep], weights[keep])
         else:
-            out[name] = categorical_profile(column.filter(pa.array(keep)).to_pylist(), weights[keep])
+            encoded = column.filter(pa.array(keep)).combine_chunks().dictionary_encode()
+            out[name] = categorical_profile(encoded.dictionary.to_pylist(), encoded.indices.to_numpy(), weights[keep])
     return out
 
 

@@ -113,6 +113,13 @@ def _load_data(store, assets: int, seed: int) -> None:
     client.set(marker, json.dumps({"assets": assets, "loaded_s": time.time()}))
 
 
+def _codes(column) -> tuple[list, np.ndarray]:
+    import pandas as pd
+
+    codes, seen = pd.factorize(column)
+    return list(seen), codes
+
+
 def _record_profiles(store, repo: Path, assets: int, seed: int) -> None:
     """The profiles of the data `_load_data` writes (the same frames, from the same seed) as a backfill records them,
     so that the server samples and bins what it serves for its drift metrics, as it would in production."""
@@ -127,7 +134,7 @@ def _record_profiles(store, repo: Path, assets: int, seed: int) -> None:
     try:
         for name in ("asset_activity", "asset_attributes"):
             frame, weights = _frame(store.get_feature_view(name), assets, rng), np.ones(assets)
-            profiles = {f: (categorical_profile(list(frame[f]), weights) if frame[f].dtype == object
+            profiles = {f: (categorical_profile(*_codes(frame[f]), weights) if frame[f].dtype == object
                             else numeric_profile(frame[f].to_numpy(), weights)) for f in frame.columns[2:]}
             quality_log.record(QualityRecord(PROJECT, name, now - dt.timedelta(days=1), now, now, assets,
                                              profiles=profiles))

@@ -71,10 +71,12 @@ def numeric_profile(values: np.ndarray, weights: np.ndarray) -> FeatureProfile:
     return FeatureProfile(NUMERIC, _shares(profile.bins(values), weights, len(cuts) + 1), profile.cuts)
 
 
-def categorical_profile(values: Sequence[Any], weights: np.ndarray) -> FeatureProfile:
-    """The `TOP_CATEGORIES` values of most weight each a bin (ties in sorted order), the rest one bin."""
-    seen, index = np.unique(np.asarray(values, dtype=object), return_inverse=True)
-    totals = np.bincount(index, weights=weights)
-    top = np.argsort(-totals, kind="stable")[:TOP_CATEGORIES]
-    profile = FeatureProfile(CATEGORICAL, (), (), tuple(seen[top].tolist()))
-    return FeatureProfile(CATEGORICAL, _shares(profile.bins(values), weights, len(top) + 1), (), profile.categories)
+def categorical_profile(seen: Sequence[Any], codes: np.ndarray, weights: np.ndarray) -> FeatureProfile:
+    """The `TOP_CATEGORIES` values of most weight each a bin (ties in value order), the rest one bin; the values
+    are given dictionary-encoded: `seen` the distinct ones, `codes` each row's index into it."""
+    totals = np.bincount(codes, weights=weights, minlength=len(seen))
+    top = np.array(sorted(range(len(seen)), key=lambda i: (-totals[i], seen[i]))[:TOP_CATEGORIES], dtype=np.int64)
+    bin_of_code = np.full(len(seen), len(top), dtype=np.int64)
+    bin_of_code[top] = np.arange(len(top))
+    shares = _shares(bin_of_code[codes], weights, len(top) + 1)
+    return FeatureProfile(CATEGORICAL, shares, (), tuple(seen[i] for i in top.tolist()))

@@ -2,8 +2,8 @@
 
 The request path only hands a sample of its responses over: while this second's budget of entity rows
 (`rows_per_second`) lasts, a response is appended to a list, nothing else. Once a second a background task
-takes the list, gathers the values of each profiled feature across the responses, puts them in the profile's
-bins in one numpy call per feature and keeps the bins of the last `window` values served of each feature (a ring
+takes the list, gathers the values of each profiled feature across the responses (in slices, handing the event
+loop back between them), puts them in the profile's bins in one numpy call per feature and keeps the bins of the last `window` values served of each feature (a ring
 buffer with running counts). At scrape time each feature's PSI against its profile is a sum over about ten bins.
 
 Profiles are the latest backfill's of each view (`common.quality_log`), read from the registry database at start
@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 ROWS_PER_SECOND = 256
 WINDOW = 10_000
 REFRESH_S = 60.0
+SLICE = 64  # responses gathered between two returns to the event loop
 
 
 class ServedWindow:
@@ -82,17 +83,39 @@ class DriftMonitor:
             self.pending.append((features, response))
 
     def drain(self, catalog: Catalog) -> None:
-        """Bin what was sampled since the last drain and renew the budget."""
-        taken, self.pending, self.budget = self.pending, [], self.rows_per_second
+        """Bin what was sampled since the last drain and renew the budget (at once; `run` does it in slices)."""
         gathered: dict[tuple[str, str], list] = {}
-        for features, response in taken:
-            refs, _ = resolve(catalog, features)
-            for ref, name in zip(refs, response.names):
-                view, feature = ref.split(":", 1)
-                if feature in self.profiles.get(view, ()):
-                    gathered.setdefault((view, feature), []).extend(response.values[name])
+        self.gather(catalog, self.take(), gathered)
         for key, values in gathered.items():
             self._window(*key).add(values)
+
+    def take(self) -> list[tuple[Any, OnlineFeatures]]:
+        """The responses sampled since the last call; the budget starts again."""
+        taken, self.pending, self.budget = self.pending, [], self.rows_per_second
+        return taken
+
+    def gather(self, catalog: Catalog, responses: list[tuple[Any, OnlineFeatures]],
+               into: dict[tuple[str, str], list]) -> None:
+        """Append the values of each profiled feature of `responses` to `into[(view, feature)]`."""
+        targets: dict[tuple, list[tuple[str, list]]] = {}  # per request shape: (output name, list to extend)
+        for features, response in responses:
+            shape = (features if isinstance(features, str) else tuple(features), tuple(response.names))
+            picks = targets.get(shape)
+            if picks is None:
+                picks = targets[shape] = self._picks(catalog, features, response.names, into)
+            values = response.values
+            for name, target in picks:
+                target.extend(values[name])
+
+    def _picks(self, catalog: Catalog, features: Any, names: list[str],
+               into: dict[tuple[str, str], list]) -> list[tuple[str, list]]:
+        refs, _ = resolve(catalog, features)  # request order: the output names follow the refs one to one
+        picks = []
+        for ref, name in zip(refs, names):
+            view, feature = ref.split(":", 1)
+            if feature in self.profiles.get(view, ()):
+                picks.append((name, into.setdefault((view, feature), [])))
+        return picks
 
     def _window(self, view: str, feature: str) -> ServedWindow:
         profile = self.profiles[view][feature]
@@ -122,10 +145,20 @@ class DriftMonitor:
             current = catalog()
             try:
                 if current is not None:
-                    self.drain(current)
+                    await self._drain_in_slices(current)
             except Exception:  # a bug here must not stop the server: log it, drop the sample
                 logger.exception("drift sampling failed")
-                self.pending = []
+
+    async def _drain_in_slices(self, catalog: Catalog) -> None:
+        """`drain`, handing the event loop back between slices of responses and between features, so that no
+        request waits behind it for more than a slice."""
+        taken, gathered = self.take(), {}
+        for lo in range(0, len(taken), SLICE):
+            self.gather(catalog, taken[lo:lo + SLICE], gathered)
+            await asyncio.sleep(0)
+        for key, values in gathered.items():
+            self._window(*key).add(values)
+            await asyncio.sleep(0)
 
     def collect(self) -> Iterator[Metric]:
         drift = GaugeMetricFamily("featurectl_feature_drift", "drift of served values from the latest backfill's "

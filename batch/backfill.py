@@ -4,8 +4,9 @@
    window (or ttl) before `start`, since windows that end in the range need those tiles (`batch.tile_export`).
 2. Per view, the tiles become window values at the boundaries where they change (`batch.windows`), chunk by
    chunk of entities, vectorized, and replace the range in the offline table (`batch.offline_table`).
-3. The range is recorded in the registry database (`batch.backfill_log`), with the version of each view that
-   computed it (`dsl.view_version`), which `materialize` checks against the applied one.
+3. Each view's written rows are checked against its expectations and profiled (`batch.quality`), then the range
+   is recorded in the registry database (`batch.backfill_log`), with the version of each view that computed it
+   (`dsl.view_version`), which `materialize` checks against the applied one, as it checks the quality record.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import pyarrow.dataset as ds
 from batch.backfill_log import BackfillLog, BackfillRecord
 from batch.input_schema import SourceNeeds, check_history
 from batch.offline_table import RangeWriter
+from batch.quality import check_backfill
 from batch.tile_export import TileJob, export_tiles, source_ranges
 from batch.windows import TileGrid, offline_rows, offline_schema
 from common.errors import FeaturectlError
 from common.flink import create_table_env
 from common.instants import check_range, format_epoch_ms
+from common.quality_log import QualityRecord
 from dsl.compile_feast import offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.feature_view import FeatureView
@@ -73,6 +76,7 @@ class ViewResult:
     rows: int
     files: int
     version: Optional[str] = None
+    quality: Optional[QualityRecord] = None  # what its expectations found, and the profile of its rows
 
 
 @dataclass
@@ -130,6 +134,9 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
             summary.views.append(_write_view(job, folders[job.view.name], start_ms, end_ms, target, progress))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    checked = check_backfill(list(views), start, end, target.data_dir, target.registry_url, target.project)
+    for result in summary.views:
+        result.quality = checked[result.view]
     _record(summary, target)
     summary.seconds = time.monotonic() - began
     return summary

@@ -17,6 +17,7 @@ from typing import Optional
 import sqlalchemy as sa
 
 from common.instants import as_utc
+from common.spans import newest_per_part
 
 TABLE_NAME = "featurectl_backfills"
 
@@ -122,16 +123,12 @@ class BackfillLog:
                  .where(backfills.c.project == project, backfills.c.view == view).order_by(backfills.c.id))
         with self.engine.connect() as conn:
             newest_last = [(as_utc(s), as_utc(e), v) for s, e, v in conn.execute(query).all()]
-        cuts = sorted({t for s, e, _ in newest_last for t in (s, e)})
         spans: list[VersionedSpan] = []
-        for lo, hi in zip(cuts, cuts[1:]):
-            covering = [v for s, e, v in newest_last if s <= lo and hi <= e]
-            if not covering:
-                continue
-            if spans and spans[-1].end == lo and spans[-1].version == covering[-1]:
-                spans[-1] = VersionedSpan(spans[-1].start, hi, covering[-1])
+        for lo, hi, version in newest_per_part(newest_last):
+            if spans and spans[-1].end == lo and spans[-1].version == version:
+                spans[-1] = VersionedSpan(spans[-1].start, hi, version)
             else:
-                spans.append(VersionedSpan(lo, hi, covering[-1]))
+                spans.append(VersionedSpan(lo, hi, version))
         return spans
 
     def delete_project(self, project: str) -> int:

@@ -54,7 +54,7 @@ def apply_repo(repo: Path):
     return FeatureStore(config=load_config(repo).feast_repo_config())
 
 
-def _frame(view, assets: int, rng: np.random.Generator):
+def asset_frame(view, assets: int, rng: np.random.Generator):
     import pandas as pd
 
     from serving.catalog import value_type
@@ -88,7 +88,7 @@ def load_assets(store, assets: int, seed: int) -> None:
         return
     rng = np.random.default_rng(seed)
     for name in ("asset_activity", "asset_attributes"):
-        frame = _frame(store.get_feature_view(name), assets, rng)
+        frame = asset_frame(store.get_feature_view(name), assets, rng)
         for start in range(0, assets, 20_000):
             started = time.perf_counter()
             store.write_to_online_store(name, frame.iloc[start:start + 20_000])

@@ -6,6 +6,8 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
 - SDK: `OnlineClient.get_features` against `FeatureStore.get_online_features(...).to_dict()`, 1 and 100 entities,
   interleaved in blocks so that both sides see the same machine.
   First, 5,000 bare PINGs on the SDK's connection give the host's round-trip floor (`params.redis_ping_ms`).
+- The data's profiles are recorded as a backfill would record them, so that `featurectl serve` samples what it
+  serves and keeps its drift metrics (`serving.drift`) as it does in production.
 - HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every
   1,000 requests), sequential 1 and 100 entities, then an open-loop load of `--rate` requests/s for
   `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's; the server's CPU
@@ -36,7 +38,7 @@ import numpy as np
 from bench._cpu import process_cpu_s, redis_cpu_s
 from bench._http_load import sequential
 from bench._report import emit, percentiles
-from bench._serve_env import apply_repo, bench_repo, free_port, load_assets, open_loop, running_server
+from bench._serve_env import apply_repo, asset_frame, bench_repo, free_port, load_assets, open_loop, running_server
 
 log = logging.getLogger(__name__)
 PROJECT = "servebench"
@@ -59,6 +61,35 @@ def bench_on_demand(inputs):
 '''
 ON_DEMAND_FEATURES = ["bench_on_demand:boosted_like_rate", "bench_on_demand:prompt_length"]
 PROMPTS = ["a wooden chair", "a lamp shaped like a mushroom", "", "a low-poly fox with a long tail"]
+
+
+def _codes(column) -> tuple[list, np.ndarray]:
+    import pandas as pd
+
+    codes, seen = pd.factorize(column)
+    return list(seen), codes
+
+
+def _record_profiles(store, repo: Path, assets: int, seed: int) -> None:
+    """The profiles of the data `_load_data` writes (the same frames, from the same seed) as a backfill records them,
+    so that the server samples and bins what it serves for its drift metrics, as it would in production."""
+    import datetime as dt
+
+    from common.config import load_config
+    from common.feature_profile import categorical_profile, numeric_profile
+    from common.quality_log import QualityLog, QualityRecord
+
+    cfg, rng, now = load_config(repo), np.random.default_rng(seed), dt.datetime.now(dt.timezone.utc)
+    quality_log = QualityLog(cfg.registry_url)
+    try:
+        for name in ("asset_activity", "asset_attributes"):
+            frame, weights = asset_frame(store.get_feature_view(name), assets, rng), np.ones(assets)
+            profiles = {f: (categorical_profile(*_codes(frame[f]), weights) if frame[f].dtype == object
+                            else numeric_profile(frame[f].to_numpy(), weights)) for f in frame.columns[2:]}
+            quality_log.record(QualityRecord(PROJECT, name, now - dt.timedelta(days=1), now, now, assets,
+                                             profiles=profiles))
+    finally:
+        quality_log.close()
 
 
 def _time(call: Callable[[object], object], args: list, warm: int = 10) -> list[float]:
@@ -193,6 +224,9 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
             cpu_us = (process_cpu_s(pid) - cpu_before) / answered * 1e6
             redis_us = (redis_cpu_s(redis_at) - redis_before) / answered * 1e6
             log.info("%s under load: %s", side, result)
+            if side == "ours":  # the features whose drift the server kept while under load (sampling was on)
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                    out[side]["drift_features"] = reply.read().count(b"featurectl_feature_drift{")
             out[side].update({"http_load_rps": result["rps"], "http_load_errors": result["errors"],
                               "cpu_per_request_us": round(cpu_us, 1), "redis_cpu_per_request_us": round(redis_us, 1),
                               **{f"http_load_{k}": result[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms")}})
@@ -225,6 +259,7 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, od_request
     repo = bench_repo(cfg.state_dir / "bench-serve", PROJECT, ON_DEMAND)
     store = apply_repo(repo)
     load_assets(store, assets, seed)
+    _record_profiles(store, repo, assets, seed)
     features = ([f"asset_activity:{f.name}" for f in store.get_feature_view("asset_activity").features]
                 + [f"asset_attributes:{name}" for name in ATTRIBUTES])
     ids = [f"asset_{i:06d}" for i in range(assets)]

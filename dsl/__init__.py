@@ -8,6 +8,7 @@
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, MissingTimestampError, TypeMismatchError,
                         UnknownColumnError, UnknownReferenceError, WindowError)
+from dsl.expectations import AllowedValues, InRange, MaxChange, NotNullRate
 from dsl.expr import col
 from dsl.feature_logging import FeatureLogging
 from dsl.feature_view import FeatureRef, FeatureService, FeatureView
@@ -18,9 +19,9 @@ from dsl.source import EventSource
 from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, ValueType
 
 __all__ = [
-    "Aggregation", "Attribute", "Bool", "DefinitionError", "DuplicateNameError", "Entity", "EventSource",
-    "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "Int32", "Int64",
-    "MissingTimestampError", "OnDemandView", "Repository", "RequestFields", "String", "Timestamp",
-    "TypeMismatchError", "UnknownColumnError", "UnknownReferenceError", "ValueType", "Window", "WindowError", "col",
-    "load_repo", "on_demand",
+    "Aggregation", "AllowedValues", "Attribute", "Bool", "DefinitionError", "DuplicateNameError", "Entity",
+    "EventSource", "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "InRange",
+    "Int32", "Int64", "MaxChange", "MissingTimestampError", "NotNullRate", "OnDemandView", "Repository",
+    "RequestFields", "String", "Timestamp", "TypeMismatchError", "UnknownColumnError", "UnknownReferenceError",
+    "ValueType", "Window", "WindowError", "col", "load_repo", "on_demand",
 ]

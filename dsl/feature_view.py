@@ -11,6 +11,7 @@ from dsl.duration import parse_duration
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, TypeMismatchError, UnknownColumnError,
                         UnknownReferenceError, WindowError, backticked)
+from dsl.expectations import Expectation, check_expectations
 from dsl.feature_logging import FeatureLogging
 from dsl.features import Aggregation, Attribute, Feature, Window
 from dsl.names import check_name
@@ -34,6 +35,7 @@ class FeatureView:
 
     `tile` is the granularity of the partial aggregates behind every window: windows must be whole multiples of
     it, and served values move in steps of one tile. `ttl` bounds how old a value may be and still be served.
+    `expectations` (`dsl.expectations`) are checked on every backfill's rows; a failure stops `materialize`.
     """
 
     name: str
@@ -47,6 +49,7 @@ class FeatureView:
     description: str = ""
     owner: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
+    expectations: Sequence[Expectation] = ()
 
     def __post_init__(self) -> None:
         where = f"feature view {backticked(self.name)}"
@@ -72,6 +75,8 @@ class FeatureView:
                     raise DuplicateNameError(where, f"feature name `{feature_name}` is used twice",
                                              "give one of the aggregations another name=\"...\"")
                 names[feature_name] = feature_name
+        object.__setattr__(self, "expectations", tuple(self.expectations))
+        check_expectations(where, self.expectations, self.output_schema())
 
     def _check_join_keys(self, where: str) -> None:
         schema = self.source.schema

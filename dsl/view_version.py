@@ -81,6 +81,8 @@ def view_definition(view: FeatureView) -> dict[str, Any]:
         "tags": dict(view.tags),
         "features": _features(view),
     }
+    if view.expectations:  # only when there are some: definitions recorded before them stay equal
+        data["expectations"] = [e.spec() for e in view.expectations]
     return json.loads(json.dumps(data))
 
 

@@ -4,6 +4,7 @@ import numpy as np
 
 from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, Int64,
                  RequestFields, String, Timestamp, col, on_demand)
+from dsl import AllowedValues, InRange, NotNullRate  # data-quality expectations
 
 asset = Entity("asset", join_keys={"asset_id": String}, description="a 3D asset in the catalog")
 user = Entity("user", join_keys={"user_id": String}, description="a person browsing and generating assets")
@@ -63,6 +64,7 @@ asset_activity = FeatureView(
         Aggregation("last", "user_id", windows=["24h"], name="last_user"),
     ],
     description="engagement with each asset over sliding windows",
+    expectations=[InRange("views_24h", min=0), InRange("dwell_ms_mean_1h", min=0)],
 )
 
 asset_attributes = FeatureView(
@@ -74,6 +76,11 @@ asset_attributes = FeatureView(
     features=[Attribute(c) for c in ("category", "creator_id", "style", "bbox_x", "bbox_y", "bbox_z",
                                      "polygon_count")],
     description="static attributes of each asset, latest version",
+    expectations=[
+        NotNullRate("category", at_least=0.99),
+        AllowedValues("style", ["realistic", "low_poly", "cartoon", "voxel", "sci_fi", "medieval"]),
+        InRange("bbox_x", min=0), InRange("bbox_y", min=0), InRange("bbox_z", min=0),
+    ],
 )
 
 user_activity = FeatureView(

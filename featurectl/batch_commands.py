@@ -49,6 +49,7 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
     from batch.backfill import BackfillTarget, backfill as run_backfill
     from common.flink_rest import check_jobmanager
     from dsl import load_repo
+    from featurectl.quality_checks import print_backfill_checks
 
     cfg = ctx.config()
     jobmanager = check_jobmanager(jobmanager or cfg.platform.flink.jobmanager)
@@ -63,6 +64,7 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
         progress.close()
     for result in summary.views:
         click.echo(f"  {result.view}: {result.rows:,} rows in {result.files} files")
+    print_backfill_checks(r.quality for r in summary.views if r.quality is not None)
     click.echo(f"backfilled {len(summary.views)} views over [{start.isoformat()}, {end.isoformat()}): "
                f"{summary.events_read:,} rows read, {summary.rows_written:,} rows written, "
                f"{summary.seconds:.1f} s")

@@ -176,6 +176,7 @@ def teardown(ctx, yes: bool) -> None:
     """Remove everything the project created: its registry objects, online values, offline tables, API keys,
     backfill records, definition versions and stream state. Its sources' history and Kafka topics are the input, and are kept."""
     from batch.backfill_log import BackfillLog
+    from common.quality_log import QualityLog
     from common.version_log import VersionLog
     from serving.api_keys import KeyStore
 
@@ -193,13 +194,17 @@ def teardown(ctx, yes: bool) -> None:
     _remove_streams(cfg, jobs)
     keys = KeyStore(cfg.registry_url, cfg.project).delete_project_keys()
     backfill_log, version_log = BackfillLog(cfg.registry_url), VersionLog(cfg.registry_url)
+    quality_log = QualityLog(cfg.registry_url)
     try:
         records = backfill_log.delete_project(cfg.project)
         versions = version_log.delete_project(cfg.project)
+        checks = quality_log.delete_project(cfg.project)
     finally:
         backfill_log.close()
         version_log.close()
+        quality_log.close()
     click.echo(f"removed {keys} API key(s), {records} backfill record(s) and {versions} definition version(s)")
+    click.echo(f"removed {checks} data-quality record(s) (checks and profiles of backfills)")
     click.echo(f"kept the sources' history under {cfg.data_dir} and their Kafka topics: they are input, not "
                "something the project made")
 

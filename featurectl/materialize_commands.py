@@ -6,7 +6,8 @@ of them read nothing, for ever. An end recorded that far ahead anyway (`--force`
 `materialize-incremental`, with a warning, rather than started from.
 
 Offline rows of another version than the applied one are refused unless `--allow-stale VIEW`
-(`featurectl.offline_versions`); the version materialized is recorded for the feature server.
+(`featurectl.offline_versions`); the version materialized is recorded for the feature server. Offline rows whose
+backfill failed a data-quality check are refused unless `--allow-failed-checks VIEW` (`featurectl.quality_checks`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ FUTURE_LIMIT = dt.timedelta(days=1)
 FORCE_HELP = f"allow an END more than {FUTURE_LIMIT.days} day after now"
 ALLOW_STALE_HELP = ("materialize this view (repeatable) even if its offline rows, or the repo's definition, are of "
                     "another version than the applied one")
+ALLOW_FAILED_HELP = ("materialize this view (repeatable) even if the backfill of its offline rows failed a "
+                     "data-quality check")
 
 
 def _now() -> dt.datetime:
@@ -97,11 +100,12 @@ def _materialize(cfg, store, job, feast_view) -> None:
 
 
 def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None,
-         allow_stale: tuple[str, ...]) -> None:
+         allow_stale: tuple[str, ...], allow_failed: tuple[str, ...]) -> None:
     from common.version_log import VersionLog
     from dsl import load_repo
     from feast import FeatureStore
     from featurectl.offline_versions import Materializing, check_offline_versions, clear_online_values, replaced
+    from featurectl.quality_checks import check_quality
 
     cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
@@ -118,6 +122,7 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
                 jobs.append((Materializing(view, since, end), feast_view))
         checked = check_offline_versions(cfg, version_log, [job for job, _ in jobs], allow_stale,
                                          ctx.command_prefix())
+        check_quality(cfg, [job for job, _ in jobs], allow_failed, ctx.command_prefix())
         for job, feast_view in jobs:
             name = job.view.name
             if name in switching or (name in replacing and name not in checked.waived):
@@ -137,13 +142,14 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
 @click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.option("--allow-stale", "allow_stale", multiple=True, metavar="VIEW", help=ALLOW_STALE_HELP)
+@click.option("--allow-failed-checks", "allow_failed", multiple=True, metavar="VIEW", help=ALLOW_FAILED_HELP)
 @click.pass_obj
 def materialize(ctx, start: dt.datetime, end: dt.datetime, views: tuple[str, ...], force: bool,
-                allow_stale: tuple[str, ...]) -> None:
+                allow_stale: tuple[str, ...], allow_failed: tuple[str, ...]) -> None:
     """Load the latest offline values in [START, END] into Redis and record the interval."""
     check_range(start, end, ("START", "END"), closed=True)
     _check_end(end, force)
-    _run(ctx, views, end, start, allow_stale)
+    _run(ctx, views, end, start, allow_stale, allow_failed)
 
 
 @click.command("materialize-incremental")
@@ -151,12 +157,13 @@ def materialize(ctx, start: dt.datetime, end: dt.datetime, views: tuple[str, ...
 @click.option("--view", "views", multiple=True, help="only these views (default: every online view)")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.option("--allow-stale", "allow_stale", multiple=True, metavar="VIEW", help=ALLOW_STALE_HELP)
+@click.option("--allow-failed-checks", "allow_failed", multiple=True, metavar="VIEW", help=ALLOW_FAILED_HELP)
 @click.pass_obj
 def materialize_incremental(ctx, end: dt.datetime, views: tuple[str, ...], force: bool,
-                            allow_stale: tuple[str, ...]) -> None:
+                            allow_stale: tuple[str, ...], allow_failed: tuple[str, ...]) -> None:
     """Materialize from each view's last recorded end (or END - ttl) up to END."""
     _check_end(end, force)
-    _run(ctx, views, end, None, allow_stale)
+    _run(ctx, views, end, None, allow_stale, allow_failed)
 
 
 COMMANDS = [materialize, materialize_incremental]

@@ -23,6 +23,7 @@ from common.errors import FeaturectlError
 from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
+from serving.drift import DriftMonitor
 from serving.api_keys import ApiKey
 from serving.client import AsyncOnlineClient
 from serving.errors import (PushUnavailableError, RequestError, ServingError, UnknownServiceError,
@@ -111,9 +112,10 @@ class FeatureServer:
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
                  on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None,
-                 feature_log: Optional[FeatureLogger] = None):
+                 feature_log: Optional[FeatureLogger] = None, drift: Optional[DriftMonitor] = None):
         """`on_started` runs once the client and gateway are up (the entry point freezes the heap there);
-        `feature_log` None: no feature logging."""
+        `feature_log` None: no feature logging; `drift` samples served values for the drift metrics
+        (`serving.drift`)."""
         self.http = http or HttpSettings()
         self.feature_log = feature_log
         self.make_client = make_client
@@ -129,6 +131,8 @@ class FeatureServer:
         }
         self._openapi = orjson.dumps(OPENAPI)
         self._sharing: Optional[asyncio.Future] = None
+        self.drift = drift
+        self._drifting: Optional[asyncio.Future] = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -234,6 +238,8 @@ class FeatureServer:
         async def fetched(client: AsyncOnlineClient) -> bytes:
             nonlocal logged
             response = await client.get_online_features(features, entities, full_feature_names=full)
+            if self.drift is not None:
+                self.drift.offer(features, response)
             answer = response.to_feast_response()
             payload = orjson.dumps(answer)
             if isinstance(features, str):
@@ -292,7 +298,7 @@ class FeatureServer:
                                   "registry": self.client.registry.state()}), JSON
 
     async def metrics(self, body: Optional[bytes]) -> Reply:
-        return 200, exposition(self.stats), METRICS_TYPE.encode()
+        return 200, exposition(self.stats, self.drift), METRICS_TYPE.encode()
 
     async def stats_json(self, body: Optional[bytes]) -> Reply:
         return 200, orjson.dumps(self.stats.merged().summary()), JSON
@@ -323,10 +329,13 @@ class FeatureServer:
                     self.on_started()
                 if self.stats.directory is not None:
                     self._sharing = asyncio.ensure_future(self._share_stats())
+                if self.drift is not None:
+                    self._drifting = asyncio.ensure_future(self.drift.run(lambda: self.client.registry.catalog))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._sharing is not None:
-                    self._sharing.cancel()
+                for task in (self._sharing, self._drifting):
+                    if task is not None:
+                        task.cancel()
                 if self.client is not None:
                     await self.client.close()
                 if self.gateway is not None:

@@ -1,10 +1,11 @@
 """Prometheus exposition of `ServerStats`: histograms whose bucket edges are exact HDR edges (powers of two
 microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors, requests in flight and feature
-logging (rows by outcome, files and bytes per service, rows queued and buffered)."""
+logging (rows by outcome, files and bytes per service, rows queued and buffered); and the drift of served values
+per feature (`serving.drift`)."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -74,7 +75,10 @@ def _feature_log(counts: dict[str, FeatureLogCounts]) -> Iterator[Metric]:
     yield size
 
 
-def exposition(stats: ServerStats) -> bytes:
+def exposition(stats: ServerStats, drift: Optional[Any] = None) -> bytes:
+    """The scrape; `drift`: a collector of drift metrics (`serving.drift.DriftMonitor`), when sampling is on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(stats))
+    if drift is not None:
+        registry.register(drift)
     return generate_latest(registry)

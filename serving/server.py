@@ -12,10 +12,11 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from serving.client import AsyncOnlineClient
 from serving.feature_log import FeatureLogger
+from serving.drift import DriftMonitor
 from serving.gateway import Gateway
 from serving.http_app import FeatureServer
 from serving.stats import ServerStats
@@ -82,7 +83,22 @@ def create_app() -> FeatureServer:
     stats = ServerStats(Path(settings.stats_dir) if settings.stats_dir else None)
     return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,
                          on_started=_freeze_heap, http=config.platform.http,
-                         feature_log=FeatureLogger(config.platform.feature_logging, stats))
+                         feature_log=FeatureLogger(config.platform.feature_logging, stats),
+                         drift=DriftMonitor(_profiles_of(config.registry_url, config.project)))
+
+
+def _profiles_of(registry_url: str, project: str) -> Callable[[], dict]:
+    """The reader of the project's latest feature profiles (`common.quality_log`), connecting on first use."""
+    from common.quality_log import QualityLog
+
+    opened: list[QualityLog] = []
+
+    def latest() -> dict:
+        if not opened:
+            opened.append(QualityLog(registry_url))
+        return opened[0].latest_profiles(project)
+
+    return latest
 
 
 def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: int = 6566, workers: int = 1,

@@ -3,6 +3,7 @@ oracle with its values, a re-run replaces its range, and the registry records wh
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 import shutil
@@ -21,6 +22,7 @@ from backfill_history import (CATALOG_CHANGE_MS, HOUR_MS, T0_MS, T1_MS, backfill
 from batch.backfill import BackfillError, BackfillTarget, backfill
 from batch.backfill_log import BackfillLog, BackfillRecord, backfills
 from batch.input_schema import InputSchemaError
+from common.quality_log import QualityLog
 from batch.windows import offline_schema
 from cli_helpers import ROOT, featurectl
 from common.instants import InstantError
@@ -111,6 +113,30 @@ def test_summary_and_record_of_the_backfill(example_repo, backfilled):
     settings = SourceSettings("", target.data_dir)
     assert {r.view: r.version for r in records} == {
         v.name: view_version(v, compile_view(v, settings)) for v in example_repo.views}
+
+
+def test_every_backfill_checks_and_profiles_what_it_wrote(example_repo, backfilled):
+    """The compiled path runs the expectations of the example repo over each view's rows and records them with
+    the rows' profiles; the fixed history passes them all."""
+    target, summary = backfilled.target, backfilled.summary
+    quality_log = QualityLog(target.registry_url)
+    try:
+        for result in summary.views:
+            view = example_repo.view(result.view)
+            record = result.quality
+            assert record.rows == result.rows and record.passed
+            assert [c.expectation for c in record.checks] == [e.label for e in view.expectations]
+            assert set(record.profiles) <= set(view.feature_names) and record.profiles
+            assert quality_log.holding("assets", view.name, utc(T0_MS), utc(T1_MS)) == [
+                dataclasses.replace(record, id=quality_log.records("assets", view.name)[-1].id)]
+    finally:
+        quality_log.close()
+    checks = {c.expectation: c for r in summary.views for c in r.quality.checks}
+    table = read_offline(target.data_dir, example_repo.view("asset_activity"))
+    views = [v for v in table.column("views_24h").to_pylist() if v is not None]
+    assert checks["InRange(views_24h, min=0)"].observed == (f"0 of {len(views):,} values outside [0, inf]; "
+                                                           f"observed min {min(views):g}, max {max(views):g}")
+    assert checks["NotNullRate(category, at_least=0.99)"].value == 1.0
 
 
 def test_rerunning_a_range_replaces_it_and_keeps_the_rest(example_repo, backfilled, backfill_env, tmp_path):

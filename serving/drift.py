@@ -1,0 +1,175 @@
+"""Drift of served values from the training-set profile, per feature, for `/metrics`.
+
+The request path only hands a sample of its responses over: while this second's budget of entity rows
+(`rows_per_second`) lasts, a response is appended to a list, nothing else. Once a second a background task
+takes the list, gathers the values of each profiled feature across the responses (in slices, handing the event
+loop back between them), puts them in the profile's bins in one numpy call per feature and keeps the bins of the last `window` values served of each feature (a ring
+buffer with running counts). At scrape time each feature's PSI against its profile is a sum over about ten bins.
+
+Profiles are the latest backfill's of each view (`common.quality_log`), read from the registry database at start
+and every `refresh_s` on a worker thread; when a newer backfill brings new bins, that feature's window starts
+afresh. With several workers, each reports the values it served (its share of the traffic, a sample as good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from common.feature_profile import FeatureProfile
+from serving.catalog import Catalog
+from serving.plan import resolve
+from serving.result import OnlineFeatures
+
+logger = logging.getLogger(__name__)
+
+ROWS_PER_SECOND = 256
+WINDOW = 10_000
+REFRESH_S = 60.0
+SLICE = 64  # responses gathered between two returns to the event loop
+
+
+class ServedWindow:
+    """The bins of the last `size` values served of one feature, and how many fall in each bin."""
+
+    def __init__(self, profile: FeatureProfile, size: int = WINDOW):
+        self.profile = profile
+        self.ring = np.zeros(size, dtype=np.int64)
+        self.counts = np.zeros(len(profile.shares), dtype=np.int64)
+        self.filled = 0
+        self.next = 0
+
+    def add(self, values: list) -> None:
+        """Values served (None and NaN are no value and left out), oldest first."""
+        present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if not present:
+            return
+        bins = self.profile.bins(present)[-len(self.ring):]
+        slots = (self.next + np.arange(len(bins))) % len(self.ring)
+        replaced = slots[slots < self.filled]
+        self.counts -= np.bincount(self.ring[replaced], minlength=len(self.counts))
+        self.ring[slots] = bins
+        self.counts += np.bincount(bins, minlength=len(self.counts))
+        self.filled = min(len(self.ring), self.filled + len(bins))
+        self.next = (self.next + len(bins)) % len(self.ring)
+
+    def psi(self) -> Optional[float]:
+        return self.profile.psi(self.counts) if self.filled else None
+
+
+class DriftMonitor:
+    """Sampled served values against each view's latest offline profile; a Prometheus collector."""
+
+    def __init__(self, load_profiles: Callable[[], dict[str, dict[str, FeatureProfile]]],
+                 rows_per_second: int = ROWS_PER_SECOND, window: int = WINDOW, refresh_s: float = REFRESH_S):
+        """`load_profiles`: view -> feature -> profile, e.g. `QualityLog.latest_profiles` of the project; it runs
+        on a worker thread."""
+        self.load_profiles = load_profiles
+        self.rows_per_second, self.window, self.refresh_s = rows_per_second, window, refresh_s
+        self.profiles: dict[str, dict[str, FeatureProfile]] = {}
+        self.windows: dict[tuple[str, str], ServedWindow] = {}
+        self.pending: list[tuple[Any, OnlineFeatures]] = []
+        self.budget = rows_per_second
+
+    def offer(self, features: Any, response: OnlineFeatures) -> None:
+        """On the request path: keep the response for the next drain while this second's budget lasts."""
+        if self.budget > 0:
+            self.budget -= len(next(iter(response.entities.values()), ()))
+            self.pending.append((features, response))
+
+    def drain(self, catalog: Catalog) -> None:
+        """Bin what was sampled since the last drain and renew the budget (at once; `run` does it in slices)."""
+        gathered: dict[tuple[str, str], list] = {}
+        self.gather(catalog, self.take(), gathered)
+        for key, values in gathered.items():
+            self._window(*key).add(values)
+
+    def take(self) -> list[tuple[Any, OnlineFeatures]]:
+        """The responses sampled since the last call; the budget starts again."""
+        taken, self.pending, self.budget = self.pending, [], self.rows_per_second
+        return taken
+
+    def gather(self, catalog: Catalog, responses: list[tuple[Any, OnlineFeatures]],
+               into: dict[tuple[str, str], list]) -> None:
+        """Append the values of each profiled feature of `responses` to `into[(view, feature)]`."""
+        targets: dict[tuple, list[tuple[str, list]]] = {}  # per request shape: (output name, list to extend)
+        for features, response in responses:
+            shape = (features if isinstance(features, str) else tuple(features), tuple(response.names))
+            picks = targets.get(shape)
+            if picks is None:
+                picks = targets[shape] = self._picks(catalog, features, response.names, into)
+            values = response.values
+            for name, target in picks:
+                target.extend(values[name])
+
+    def _picks(self, catalog: Catalog, features: Any, names: list[str],
+               into: dict[tuple[str, str], list]) -> list[tuple[str, list]]:
+        refs, _ = resolve(catalog, features)  # request order: the output names follow the refs one to one
+        picks = []
+        for ref, name in zip(refs, names):
+            view, feature = ref.split(":", 1)
+            if feature in self.profiles.get(view, ()):
+                picks.append((name, into.setdefault((view, feature), [])))
+        return picks
+
+    def _window(self, view: str, feature: str) -> ServedWindow:
+        profile = self.profiles[view][feature]
+        window = self.windows.get((view, feature))
+        if window is None or window.profile != profile:
+            window = self.windows[(view, feature)] = ServedWindow(profile, self.window)
+        return window
+
+    def refresh(self) -> None:
+        """Read the profiles again (on a worker thread); an unreachable registry keeps the last ones."""
+        try:
+            self.profiles = self.load_profiles()
+        except Exception as exc:  # noqa: BLE001 - the registry database away: keep serving, say so
+            logger.warning("cannot read the feature profiles (%s); drift is computed against the last ones read",
+                           exc)
+
+    async def run(self, catalog: Callable[[], Optional[Catalog]]) -> None:
+        """Drain every second, read the profiles every `refresh_s`; `catalog` gives the client's current one."""
+        loop = asyncio.get_running_loop()
+        since_refresh = math.inf
+        while True:
+            if since_refresh >= self.refresh_s:
+                await loop.run_in_executor(None, self.refresh)
+                since_refresh = 0.0
+            await asyncio.sleep(1.0)
+            since_refresh += 1.0
+            current = catalog()
+            try:
+                if current is not None:
+                    await self._drain_in_slices(current)
+            except Exception:  # a bug here must not stop the server: log it, drop the sample
+                logger.exception("drift sampling failed")
+
+    async def _drain_in_slices(self, catalog: Catalog) -> None:
+        """`drain`, handing the event loop back between slices of responses and between features, so that no
+        request waits behind it for more than a slice."""
+        taken, gathered = self.take(), {}
+        for lo in range(0, len(taken), SLICE):
+            self.gather(catalog, taken[lo:lo + SLICE], gathered)
+            await asyncio.sleep(0)
+        for key, values in gathered.items():
+            self._window(*key).add(values)
+            await asyncio.sleep(0)
+
+    def collect(self) -> Iterator[Metric]:
+        drift = GaugeMetricFamily("featurectl_feature_drift", "drift of served values from the latest backfill's "
+                                  "profile (PSI over its bins)", labels=["view", "feature", "statistic"])
+        values = GaugeMetricFamily("featurectl_feature_drift_values", "served values the drift is computed over "
+                                   "(the last ones sampled, per worker)", labels=["view", "feature"])
+        for (view, feature), window in sorted(self.windows.items()):
+            psi = window.psi()
+            if psi is not None:
+                drift.add_metric([view, feature, "psi"], psi)
+                values.add_metric([view, feature], window.filled)
+        yield drift
+        yield values
+

@@ -1,0 +1,164 @@
+"""Drift of served values from the offline profile: PSI exactly as the README states it for known samples against
+known profiles, the window of the last values, the per-second budget of the request path, and the metric in
+`featurectl serve`'s /metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import time
+import uuid
+
+import pytest
+from cli_helpers import ROOT, free_port
+from serving_env import feast_rows, feature_server, get, make_repo, post
+
+from common.config import load_config
+from common.feature_profile import FLOOR, FeatureProfile
+from common.quality_log import QualityLog, QualityRecord
+from serving.catalog import Catalog
+from serving.drift import DriftMonitor, ServedWindow
+from serving.result import OnlineFeatures
+
+NUMBERS = FeatureProfile("numeric", (0.5, 0.3, 0.2), cuts=(1.0, 5.0))
+LABELS = FeatureProfile("categorical", (0.6, 0.3, 0.1), categories=("a", "b"))
+
+
+def psi(expected: list[float], counts: list[int]) -> float:
+    """The README's formula: sum of (a - e) * ln(a / e), both shares floored at 1e-4."""
+    total = sum(counts)
+    out = 0.0
+    for e, c in zip(expected, counts):
+        a, e = max(c / total, 1e-4), max(e, 1e-4)
+        out += (a - e) * math.log(a / e)
+    return out
+
+
+def response(names: list[str], columns: dict[str, list]) -> OnlineFeatures:
+    rows = len(next(iter(columns.values())))
+    return OnlineFeatures({"id": [f"e{i}" for i in range(rows)]}, names, columns, {}, {})
+
+
+def monitor(**kwargs) -> DriftMonitor:
+    drift = DriftMonitor(lambda: {"v": {"x": NUMBERS, "c": LABELS}}, **kwargs)
+    drift.refresh()
+    return drift
+
+
+def test_psi_per_feature_is_exactly_the_formula_over_the_values_served():
+    drift = monitor()
+    catalog = Catalog("p", {}, {"svc": ("v:x", "v:c", "v:unprofiled")})
+    # x: 0 and 1 are in the first bin (a value equal to a cut falls below it), 2 and 5 in the second, 6 and 7 above
+    drift.offer(["v:x", "v:c"], response(["x", "c"], {"x": [0, 1, 2], "c": ["a", "a", None]}))
+    drift.offer("svc", response(["x", "c", "unprofiled"], {"x": [5.0, 6.5, None], "c": ["z", "b", "a"],
+                                                          "unprofiled": [1, 2, 3]}))
+    drift.offer(["v:x"], response(["v__x"], {"v__x": [7, float("nan")]}))  # full feature names
+    drift.drain(catalog)
+    assert list(drift.windows[("v", "x")].counts) == [2, 2, 2]
+    assert list(drift.windows[("v", "c")].counts) == [3, 1, 1]
+    assert ("v", "unprofiled") not in drift.windows
+    assert drift.windows[("v", "x")].psi() == pytest.approx(psi([0.5, 0.3, 0.2], [2, 2, 2]), rel=1e-12)
+    assert drift.windows[("v", "c")].psi() == pytest.approx(psi([0.6, 0.3, 0.1], [3, 1, 1]), rel=1e-12)
+
+    families = {f.name: f for f in drift.collect()}
+    samples = {(s.labels["feature"], s.labels["statistic"]): s.value
+               for s in families["featurectl_feature_drift"].samples}
+    assert samples == {("c", "psi"): pytest.approx(psi([0.6, 0.3, 0.1], [3, 1, 1])),
+                       ("x", "psi"): pytest.approx(psi([0.5, 0.3, 0.2], [2, 2, 2]))}
+    assert {s.labels["feature"]: s.value for s in families["featurectl_feature_drift_values"].samples} == {
+        "c": 5, "x": 6}
+
+
+def test_an_empty_bin_counts_as_the_floor_and_the_same_shares_give_zero():
+    window = ServedWindow(NUMBERS)
+    window.add([0.0] * 5 + [3.0] * 3 + [9.0] * 2)
+    assert window.psi() == pytest.approx(0.0, abs=1e-15)
+    only_low = ServedWindow(NUMBERS)
+    only_low.add([0.5] * 4)
+    want = (1 - 0.5) * math.log(1 / 0.5) + (FLOOR - 0.3) * math.log(FLOOR / 0.3) + (FLOOR - 0.2) * math.log(FLOOR / 0.2)
+    assert only_low.psi() == pytest.approx(want, rel=1e-12)
+
+
+def test_the_window_keeps_the_last_values_and_a_new_profile_starts_afresh():
+    window = ServedWindow(NUMBERS, size=4)
+    window.add([0, 0, 0])
+    window.add([3, 9, 9])  # the two oldest 0s are dropped
+    assert list(window.counts) == [1, 1, 2] and window.filled == 4
+    window.add([3] * 10)
+    assert list(window.counts) == [0, 4, 0]
+    drift = monitor(window=4)
+    drift.offer(["v:x"], response(["x"], {"x": [0, 0]}))
+    drift.drain(Catalog("p", {}, {}))
+    drift.load_profiles = lambda: {"v": {"x": FeatureProfile("numeric", (0.5, 0.5), cuts=(3.0,))}}
+    drift.refresh()
+    drift.offer(["v:x"], response(["x"], {"x": [9]}))
+    drift.drain(Catalog("p", {}, {}))
+    assert list(drift.windows[("v", "x")].counts) == [0, 1]
+
+
+def test_the_request_path_only_keeps_responses_while_the_second_s_budget_lasts():
+    drift = monitor(rows_per_second=3)
+    for _ in range(3):
+        drift.offer(["v:x"], response(["x"], {"x": [0, 0]}))
+    assert len(drift.pending) == 2  # 2 rows, then 2 more over the budget of 3, then none
+    drift.drain(Catalog("p", {}, {}))
+    assert drift.pending == [] and drift.budget == 3 and drift.windows[("v", "x")].filled == 4
+
+
+def test_an_unreadable_registry_keeps_the_last_profiles(caplog):
+    drift = monitor()
+
+    def broken():
+        raise OSError("registry database away")
+
+    drift.load_profiles = broken
+    drift.refresh()
+    assert drift.profiles["v"]["x"] == NUMBERS
+    assert "cannot read the feature profiles (registry database away)" in caplog.text
+
+
+@pytest.mark.integration
+def test_featurectl_serve_exports_the_drift_of_what_it_served(tmp_path, local_services):
+    host, port = load_config(ROOT / "feature_repo").redis_host_port
+    repo, store = make_repo(tmp_path, f"drift{uuid.uuid4().hex[:8]}", f"{host}:{port}")
+    cfg = load_config(repo)
+    views = FeatureProfile("numeric", (0.5, 0.25, 0.25), cuts=(2.0, 4.0))
+    categories = FeatureProfile("categorical", (0.7, 0.2, 0.1), categories=("chair", "table"))
+    now = dt.datetime.now(dt.timezone.utc)
+    quality_log = QualityLog(cfg.registry_url)
+    for view, profiles in (("asset_activity", {"views_1h": views}), ("asset_attributes", {"category": categories})):
+        quality_log.record(QualityRecord(cfg.project, view, now - dt.timedelta(days=1), now, now, 10,
+                                         profiles=profiles))
+    quality_log.close()
+    served_views = [0, 1, 2, 3, 3, 5, 8, 9]  # bins: 3 at or below 2, 2 up to 4, 3 above
+    served_categories = ["chair", "chair", "lamp", "table", "chair", "chair", "sofa", "chair"]
+    feast_rows(store, "asset_activity", {f"a{i}": {"views_1h": v} for i, v in enumerate(served_views)})
+    feast_rows(store, "asset_attributes", {f"a{i}": {"category": c} for i, c in enumerate(served_categories)})
+    try:
+        with feature_server(repo, free_port()) as url:
+            for i in range(len(served_views)):
+                body = {"features": ["asset_activity:views_1h", "asset_attributes:category"],
+                        "entities": {"asset_id": [f"a{i}"]}}
+                assert post(url, body)[0] == 200
+            assert post(url, {"features": ["asset_activity:views_1h"], "entities": {"asset_id": ["missing"]}})[0] == 200
+            deadline = time.monotonic() + 10
+            while True:
+                text = get(url, "/metrics")[1].decode()
+                if "featurectl_feature_drift_values" in text and 'feature="category"' in text or \
+                        time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+    finally:
+        store.teardown()
+
+    def metric(name: str, view: str, feature: str) -> float:
+        labels = f'feature="{feature}",statistic="psi",view="{view}"' if name.endswith("drift") else \
+            f'feature="{feature}",view="{view}"'
+        return float(re.search(rf"^{name}\{{{labels}\}} (\S+)$", text, re.M).group(1))
+
+    assert metric("featurectl_feature_drift", "asset_activity", "views_1h") == pytest.approx(
+        psi([0.5, 0.25, 0.25], [3, 2, 3]), rel=1e-9)
+    assert metric("featurectl_feature_drift", "asset_attributes", "category") == pytest.approx(
+        psi([0.7, 0.2, 0.1], [5, 1, 2]), rel=1e-9)
+    assert metric("featurectl_feature_drift_values", "asset_activity", "views_1h") == len(served_views)

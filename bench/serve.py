@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 

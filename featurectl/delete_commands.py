@@ -174,7 +174,8 @@ def _remove_streams(cfg: ProjectConfig, jobs: list[tuple[Path, dict]]) -> None:
 @click.pass_obj
 def teardown(ctx, yes: bool) -> None:
     """Remove everything the project created: its registry objects, online values, offline tables, API keys,
-    backfill records, definition versions and stream state. Its sources' history and Kafka topics are the input, and are kept."""
+    backfill records, definition versions and stream state. Its sources' history and Kafka topics are the input,
+    and are kept."""
     from batch.backfill_log import BackfillLog
     from common.quality_log import QualityLog
     from common.version_log import VersionLog

@@ -3,8 +3,9 @@
 The request path only hands a sample of its responses over: while this second's budget of entity rows
 (`rows_per_second`) lasts, a response is appended to a list, nothing else. Once a second a background task
 takes the list, gathers the values of each profiled feature across the responses (in slices, handing the event
-loop back between them), puts them in the profile's bins in one numpy call per feature and keeps the bins of the last `window` values served of each feature (a ring
-buffer with running counts). At scrape time each feature's PSI against its profile is a sum over about ten bins.
+loop back between them), puts them in the profile's bins in one numpy call per feature and keeps the bins of the
+last `window` values served of each feature (a ring buffer with running counts). At scrape time each
+feature's PSI against its profile is a sum over about ten bins.
 
 Profiles are the latest backfill's of each view (`common.quality_log`), read from the registry database at start
 and every `refresh_s` on a worker thread; when a newer backfill brings new bins, that feature's window starts

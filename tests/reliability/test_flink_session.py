@@ -120,14 +120,20 @@ def stream_jobs(cluster: Cluster, repo: StreamRepo) -> list[dict]:
     return [job for job in cluster.rest.jobs() if job["name"].startswith(f"featurectl stream {repo.project}.")]
 
 
+def session_repo(cluster: Cluster, tmp_path: Path, name: str, parallelism: int) -> StreamRepo:
+    """A stream repo of `asset_activity` whose streams run on the session cluster at `parallelism`."""
+    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name=name)
+    settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
+    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": parallelism}
+    (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    return repo
+
+
 def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_killed(cluster, tmp_path):
     """Parallelism 2 on the cluster. A TaskManager SIGKILLed: the job restarts from its checkpoint on the slots
     left. The client SIGKILLed: its job runs on; the restart stops it with a savepoint and restores that. Served
     values end equal to the oracle over every event, every dead letter written once."""
-    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_session")
-    settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
-    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": 2}
-    (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    repo = session_repo(cluster, tmp_path, "stream_session", parallelism=2)
     view = repo.views()[0]
     rng, log = random.Random(20), stream_env.EventLog()
     parts = []
@@ -187,10 +193,7 @@ def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_kille
 def test_a_restart_with_other_sql_cancels_the_orphan_instead_of_restoring_it(cluster, tmp_path):
     """A client killed, then restarted with `--reset` (a new generation, so other SQL): the orphan cannot be
     restored into the new job, so it is cancelled, not stopped with a savepoint; the new job runs from nothing."""
-    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_session_reset")
-    settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
-    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": 1}
-    (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    repo = session_repo(cluster, tmp_path, "stream_session_reset", parallelism=1)
     stream = StreamProcess(repo, tmp_path / "stream-1.log")
     try:
         first = stream.wait_running()
@@ -211,10 +214,7 @@ def test_a_restart_with_other_sql_cancels_the_orphan_instead_of_restoring_it(clu
 def test_an_orphan_whose_savepoint_fails_is_cancelled_and_its_checkpoint_restored(cluster, tmp_path):
     """A client killed, and a file put where the savepoints folder goes: stopping the orphan with a savepoint fails,
     so it is cancelled instead and the restart restores the newest checkpoint the orphan left."""
-    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_session_nosave")
-    settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
-    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": 1}
-    (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    repo = session_repo(cluster, tmp_path, "stream_session_nosave", parallelism=1)
     stream = StreamProcess(repo, tmp_path / "stream-1.log")
     try:
         first = stream.wait_running()

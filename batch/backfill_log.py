@@ -17,18 +17,14 @@ from typing import Optional
 import sqlalchemy as sa
 
 from common.instants import as_utc
+from common.range_records import delete_project, range_columns, replace_contained
 from common.spans import newest_per_part
 
 TABLE_NAME = "featurectl_backfills"
 
 _metadata = sa.MetaData()
 backfills = sa.Table(
-    TABLE_NAME, _metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("project", sa.String(255), nullable=False),
-    sa.Column("view", sa.String(255), nullable=False),
-    sa.Column("start", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("end", sa.DateTime(timezone=True), nullable=False),
+    TABLE_NAME, _metadata, *range_columns(),
     sa.Column("rows", sa.BigInteger, nullable=False),
     sa.Column("files", sa.Integer, nullable=False),
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False),
@@ -83,14 +79,9 @@ class BackfillLog:
 
     def record(self, entry: BackfillRecord) -> None:
         """Store `entry`, replacing the records of ranges of the same view that lie within it."""
-        start, end = as_utc(entry.start), as_utc(entry.end)
-        with self.engine.begin() as conn:
-            conn.execute(backfills.delete().where(
-                backfills.c.project == entry.project, backfills.c.view == entry.view,
-                backfills.c.start >= start, backfills.c.end <= end))
-            conn.execute(backfills.insert().values(
-                project=entry.project, view=entry.view, start=start, end=end, rows=entry.rows, files=entry.files,
-                finished_at=as_utc(entry.finished_at), version=entry.version))
+        replace_contained(self.engine, backfills, entry.project, entry.view, as_utc(entry.start), as_utc(entry.end),
+                          rows=entry.rows, files=entry.files, finished_at=as_utc(entry.finished_at),
+                          version=entry.version)
 
     def records(self, project: str, view: Optional[str] = None) -> list[BackfillRecord]:
         query = sa.select(backfills).where(backfills.c.project == project).order_by(backfills.c.start, backfills.c.id)
@@ -133,5 +124,4 @@ class BackfillLog:
 
     def delete_project(self, project: str) -> int:
         """Forget every record of `project` (its teardown); how many there were."""
-        with self.engine.begin() as conn:
-            return conn.execute(backfills.delete().where(backfills.c.project == project)).rowcount
+        return delete_project(self.engine, backfills, project)

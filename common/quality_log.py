@@ -20,18 +20,14 @@ import sqlalchemy as sa
 
 from common.feature_profile import FeatureProfile
 from common.instants import as_utc
+from common.range_records import delete_project, range_columns, replace_contained
 from common.spans import newest_per_part
 
 TABLE_NAME = "featurectl_quality"
 
 _metadata = sa.MetaData()
 quality = sa.Table(
-    TABLE_NAME, _metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("project", sa.String(255), nullable=False),
-    sa.Column("view", sa.String(255), nullable=False),
-    sa.Column("start", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("end", sa.DateTime(timezone=True), nullable=False),
+    TABLE_NAME, _metadata, *range_columns(),
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("passed", sa.Boolean, nullable=False),
     sa.Column("report", sa.Text, nullable=False),
@@ -114,14 +110,9 @@ class QualityLog:
 
     def record(self, entry: QualityRecord) -> None:
         """Store `entry`, replacing the records of ranges of the same view that lie within it."""
-        start, end = as_utc(entry.start), as_utc(entry.end)
-        with self.engine.begin() as conn:
-            conn.execute(quality.delete().where(quality.c.project == entry.project, quality.c.view == entry.view,
-                                                quality.c.start >= start, quality.c.end <= end))
-            conn.execute(quality.insert().values(
-                project=entry.project, view=entry.view, start=start, end=end,
-                finished_at=as_utc(entry.finished_at), passed=entry.passed, report=_report_json(entry),
-                profiles=_profiles_json(entry.profiles)))
+        replace_contained(self.engine, quality, entry.project, entry.view, as_utc(entry.start), as_utc(entry.end),
+                          finished_at=as_utc(entry.finished_at), passed=entry.passed, report=_report_json(entry),
+                          profiles=_profiles_json(entry.profiles))
 
     def records(self, project: str, view: str) -> list[QualityRecord]:
         """The view's records, oldest first."""
@@ -155,5 +146,4 @@ class QualityLog:
 
     def delete_project(self, project: str) -> int:
         """Forget every record of `project` (its teardown); how many there were."""
-        with self.engine.begin() as conn:
-            return conn.execute(quality.delete().where(quality.c.project == project)).rowcount
+        return delete_project(self.engine, quality, project)

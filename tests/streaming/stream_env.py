@@ -8,6 +8,7 @@ suites can run side by side against the same local services.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import signal
@@ -17,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -105,6 +106,18 @@ class StreamRepo:
         client = redis.Redis(port=REDIS_PORT)
         for key in client.scan_iter(match=b"*" + self.project.encode(), count=10_000):
             client.delete(key)
+
+
+@contextlib.contextmanager
+def module_env(repo: StreamRepo, env: dict) -> Iterator[dict]:
+    """A test module's shared `env`; after it, the stream a test started (`env["stream"]`) is stopped and the repo
+    cleaned up."""
+    try:
+        yield env
+    finally:
+        if "stream" in env:
+            env["stream"].stop()
+        repo.cleanup()
 
 
 class StreamProcess:

@@ -26,7 +26,7 @@ from cli_helpers import featurectl
 from feature_repo.sample_data import SampleSpec
 from featurectl.services.scratch_redis import RedisServer, master_with_replica, redis_cluster
 from stream_env import (BOOTSTRAP, COLUMNS, EventLog, StreamProcess, StreamRepo, dead_letters, dead_payload,
-                        expected, mismatches, produce, sample_events)
+                        expected, mismatches, module_env, produce, sample_events)
 
 pytestmark = pytest.mark.integration
 
@@ -116,12 +116,8 @@ def env(tmp_path_factory, local_services):
         env = {"repo": repo, "folder": folder, "servers": servers, "log": EventLog(),
                "views": {v.name: v for v in repo.views()}, "cutover": max(e["event_time"] for e in history) + 1,
                "history": [{c: e.get(c) for c in COLUMNS} for e in history]}
-        try:
+        with module_env(repo, env):
             yield env
-        finally:
-            if "stream" in env:
-                env["stream"].stop()
-            repo.cleanup()
 
 
 def test_materialized_history_is_read_alike_by_our_sdk_and_feast(env):

@@ -25,7 +25,7 @@ import pytest
 
 from cli_helpers import featurectl
 from stream_env import (BOOTSTRAP, FEATURE_STORE_YAML, REDIS_PORT, StreamProcess, StreamRepo, boundary, dead_letters,
-                        dead_payload, expected, mismatches, produce, served)
+                        dead_payload, expected, mismatches, module_env, produce, served)
 
 pytestmark = pytest.mark.integration
 
@@ -145,12 +145,8 @@ def env(tmp_path_factory, local_services):
     write_parquet(repo.folder / "data" / "game_sessions", "history.parquet", events)
     env = {"repo": repo, "folder": folder, "history": events, "rng": rng, "log": Log(),
            "views": {v.name: v for v in repo.views()}}
-    try:
+    with module_env(repo, env):
         yield env
-    finally:
-        if "stream" in env:
-            env["stream"].stop()
-        repo.cleanup()
 
 
 def cli(repo: StreamRepo, *args: str) -> str:

@@ -209,6 +209,8 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     from feast import FeatureStore
 
     from featurectl.lineage import forget_lineage
+    from redis_store.freshness import forget_newest
+    from redis_store.settings import RedisSettings
 
     store = FeatureStore(config=cfg.feast_repo_config())
     current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_on_demand_feature_views(),
@@ -216,6 +218,7 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     views = [v.name for v in store.list_feature_views()]
     try:
         store.apply([], objects_to_delete=current, partial=False)
+        forget_newest(RedisSettings.from_config(cfg), cfg.project)
     except ConnectionError as exc:
         raise click.ClickException(f"cannot reach Redis to delete online values ({exc}): "
                                    "run `featurectl services up` and retry") from exc

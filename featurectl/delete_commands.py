@@ -140,8 +140,7 @@ def _history(cfg: ProjectConfig, matches: dict, remove: bool, dry_run: bool) -> 
 
 
 def _stream_jobs(cfg: ProjectConfig) -> list[tuple[Path, dict]]:
-    from streaming.runner import is_running
-    from streaming.status import read_statuses
+    from streaming.status import is_running, read_statuses
 
     jobs = [(home, status) for home, status in read_statuses(cfg.state_dir) if status.get("project") == cfg.project]
     for home, _ in jobs:

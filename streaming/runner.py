@@ -105,21 +105,6 @@ def job_lock(home: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def is_running(home: Path) -> bool:
-    """Whether a runner holds the job's lock right now."""
-    path = home / "lock"
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def _iso(ms: Optional[float]) -> Optional[str]:
     """ISO 8601 in UTC; an instant outside the calendar (an event time of year 300,000,000) is shown as its ms,
     never an error that would stop the stream."""

@@ -23,6 +23,7 @@ from serving.asgi import answer_http
 from serving.api_keys import ApiKey
 from serving.client import AsyncOnlineClient
 from serving.errors import PushUnavailableError, RequestError, ServingError, UnknownServiceError, VersionConflictError
+from serving.freshness import FreshnessMonitor
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
@@ -105,8 +106,10 @@ class FeatureServer:
 
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
-                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None):
-        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there)."""
+                 on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None,
+                 freshness: Optional[FreshnessMonitor] = None):
+        """`on_started` runs once the client and gateway are up (the entry point freezes the heap there);
+        `freshness` reads the views' newest event times and stream lags in the background for /metrics."""
         self.http = http or HttpSettings()
         self.make_client = make_client
         self.make_gateway = make_gateway  # None: no API keys asked (the local demo); else checked per request
@@ -121,6 +124,8 @@ class FeatureServer:
         }
         self._openapi = orjson.dumps(OPENAPI)
         self._sharing: Optional[asyncio.Future] = None
+        self.freshness = freshness
+        self._watching: Optional[asyncio.Future] = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -219,6 +224,7 @@ class FeatureServer:
     async def _fetch(self, features: Any, entities: dict, full: bool) -> Reply:
         async def fetched(client: AsyncOnlineClient) -> bytes:
             response = await client.get_online_features(features, entities, full_feature_names=full)
+            self.stats.served.count(response.views)
             return orjson.dumps(response.to_feast_response())
 
         return await self._call("get-online-features", fetched)
@@ -262,7 +268,8 @@ class FeatureServer:
                                   "registry": self.client.registry.state()}), JSON
 
     async def metrics(self, body: Optional[bytes]) -> Reply:
-        return 200, exposition(self.stats), METRICS_TYPE.encode()
+        snapshot = self.freshness.snapshot if self.freshness is not None else None
+        return 200, exposition(self.stats, snapshot), METRICS_TYPE.encode()
 
     async def stats_json(self, body: Optional[bytes]) -> Reply:
         return 200, orjson.dumps(self.stats.merged().summary()), JSON
@@ -291,10 +298,13 @@ class FeatureServer:
                     self.on_started()
                 if self.stats.directory is not None:
                     self._sharing = asyncio.ensure_future(self._share_stats())
+                if self.freshness is not None:
+                    self._watching = asyncio.ensure_future(self.freshness.run(self.client))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._sharing is not None:
-                    self._sharing.cancel()
+                for task in (self._sharing, self._watching):
+                    if task is not None:
+                        task.cancel()
                 if self.client is not None:
                     await self.client.close()
                 if self.gateway is not None:

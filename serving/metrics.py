@@ -1,13 +1,15 @@
 """Prometheus exposition of `ServerStats`: histograms whose bucket edges are exact HDR edges (powers of two
-microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors and requests in flight."""
+microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors and requests in flight; and the views'
+freshness (`serving.freshness`)."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from serving.freshness import FreshnessSnapshot, freshness_metrics, served_metrics
 from serving.stats import POINTS, LatencyHistogram, ServerStats
 
 # 64 us .. 8.4 s: powers of two are bucket edges of the log-linear histogram, so these counts are exact
@@ -29,10 +31,11 @@ def _histogram(name: str, doc: str, label: str, hists: dict[str, LatencyHistogra
 
 
 class StatsCollector:
-    """Reads the (merged) server stats at scrape time; nothing is observed twice."""
+    """Reads the (merged) server stats and the last freshness snapshot at scrape time; nothing is observed twice."""
 
-    def __init__(self, stats: ServerStats):
+    def __init__(self, stats: ServerStats, freshness: Optional[FreshnessSnapshot] = None):
         self.stats = stats
+        self.freshness = freshness
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats.merged()
@@ -49,9 +52,12 @@ class StatsCollector:
         yield CounterMetricFamily("featurectl_redis_errors", "requests that failed on Redis (503)",
                                   value=stats.redis_errors)
         yield GaugeMetricFamily("featurectl_requests_in_flight", "requests being served now", value=stats.in_flight)
+        yield from served_metrics(stats.served)
+        if self.freshness is not None:
+            yield from freshness_metrics(self.freshness)
 
 
-def exposition(stats: ServerStats) -> bytes:
+def exposition(stats: ServerStats, freshness: Optional[FreshnessSnapshot] = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats))
+    registry.register(StatsCollector(stats, freshness))
     return generate_latest(registry)

@@ -103,6 +103,7 @@ class PreparedRequest:
         now_ms = time.time() * 1000
         values: dict[str, list] = {}
         rows_of: dict[str, ViewRows] = {}
+        views: dict[str, ViewRows] = {}
         for g, group in enumerate(plan.groups):
             by_field = list(zip(*replies[g * n:(g + 1) * n]))  # one tuple per field, over the rows
             for read in group.views:
@@ -120,7 +121,8 @@ class PreparedRequest:
                                 column[i] = None
                     values.update(zip(batch.names, columns))
                 rows_of.update(dict.fromkeys(read.names, rows))
-        return OnlineFeatures(self.entities, plan.names, values, plan.kinds, rows_of)
+                views[read.view.name] = rows
+        return OnlineFeatures(self.entities, plan.names, values, plan.kinds, rows_of, views)
 
     def _finish_row(self, replies: list) -> OnlineFeatures:
         """One entity row, the usual online request: each batch's values are picked from the row's reply in C,
@@ -128,6 +130,7 @@ class PreparedRequest:
         now_ms = time.time() * 1000
         values: dict[str, list] = {}
         rows_of: dict[str, ViewRows] = {}
+        views: dict[str, ViewRows] = {}
         for group, row in zip(self.plan.groups, replies):
             for read in group.views:
                 rows = _view_row(row[read.ts_pos], read.view.ttl_ms, now_ms)
@@ -137,7 +140,8 @@ class PreparedRequest:
                     for batch in read.batches:
                         values.update(zip(batch.names, [[v] for v in batch.decode(batch.pick(row))]))
                 rows_of.update(dict.fromkeys(read.names, rows))
-        return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of)
+                views[read.view.name] = rows
+        return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of, views)
 
 
 def _view_row(ts_raw: Optional[bytes], ttl_ms: Optional[int], now_ms: float) -> ViewRows:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from serving.client import AsyncOnlineClient
+from serving.freshness import FreshnessMonitor
 from serving.gateway import Gateway
 from serving.http_app import FeatureServer
 from serving.stats import ServerStats
@@ -80,7 +81,8 @@ def create_app() -> FeatureServer:
 
     stats = ServerStats(Path(settings.stats_dir) if settings.stats_dir else None)
     return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,
-                         on_started=_freeze_heap, http=config.platform.http)
+                         on_started=_freeze_heap, http=config.platform.http,
+                         freshness=FreshnessMonitor(config.state_dir))
 
 
 def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: int = 6566, workers: int = 1,

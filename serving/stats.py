@@ -14,6 +14,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from serving.served_rows import ServedRows
 _SUB_BITS = 7
 _HALF = 1 << (_SUB_BITS - 1)
 _MAX_SHIFT = 36 - _SUB_BITS + 1
@@ -101,7 +102,8 @@ class LatencyHistogram:
 
 class ServerStats:
     """What /metrics and /stats report: latency per endpoint and per feature service, response codes, Redis
-    errors, requests in flight. `directory` (several workers) is where each worker's counters are shared."""
+    errors, requests in flight, rows served per view. `directory` (several workers) is where each worker's counters
+    are shared."""
 
     def __init__(self, directory: Optional[Path] = None):
         self.endpoints: dict[str, LatencyHistogram] = {}
@@ -109,6 +111,7 @@ class ServerStats:
         self.responses: dict[tuple[str, int], int] = {}
         self.redis_errors = 0
         self.in_flight = 0
+        self.served = ServedRows()
         self.directory = directory
 
     def record(self, endpoint: str, status: int, ns: int, service: Optional[str] = None) -> None:
@@ -128,7 +131,7 @@ class ServerStats:
         return {"endpoints": {k: h.to_json() for k, h in self.endpoints.items()},
                 "services": {k: h.to_json() for k, h in self.services.items()},
                 "responses": [[e, s, n] for (e, s), n in self.responses.items()],
-                "redis_errors": self.redis_errors, "in_flight": self.in_flight}
+                "redis_errors": self.redis_errors, "in_flight": self.in_flight, "served": self.served.to_json()}
 
     def dump(self) -> None:
         """Share this worker's counters with the others (atomic rename: readers never see half a file)."""
@@ -163,11 +166,14 @@ class ServerStats:
             self.responses[(endpoint, status)] = self.responses.get((endpoint, status), 0) + count
         self.redis_errors += part["redis_errors"]
         self.in_flight += part["in_flight"]
+        self.served.add(part.get("served", {}))
 
     def summary(self) -> dict[str, Any]:
-        """Percentiles in milliseconds, requests and errors: what `featurectl serve --stats URL` prints."""
+        """Percentiles in milliseconds, requests, errors and rows served per view: what `featurectl serve --stats
+        URL` and `featurectl status --server URL` print."""
         def table(hists: dict[str, LatencyHistogram]) -> dict[str, Any]:
             return {name: {"count": h.total, **h.percentiles_ms()} for name, h in sorted(hists.items())}
 
         return {"endpoints": table(self.endpoints), "feature_services": table(self.services),
-                "redis_errors": self.redis_errors, "in_flight": self.in_flight}
+                "redis_errors": self.redis_errors, "in_flight": self.in_flight,
+                "served_rows": self.served.summary()}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from serving.served_rows import ServedRows
+
 _SUB_BITS = 7
 _HALF = 1 << (_SUB_BITS - 1)
 _MAX_SHIFT = 36 - _SUB_BITS + 1

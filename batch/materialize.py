@@ -33,7 +33,7 @@ from batch.redis_writer import CheckedChunkWriter, RowCommands
 from common.errors import FeaturectlError
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
-from redis_store import columns, dump, layout
+from redis_store import columns, dump, freshness, layout
 from redis_store.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class MaterializeStats:
     entities_written: int = 0
     skipped_older: int = 0
     seconds: float = 0.0
+    newest_event_ms: Optional[int] = None  # the greatest event time among the rows of the interval
 
     @property
     def rows_per_s(self) -> float:
@@ -115,7 +116,8 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
                      end: datetime, batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
                      on_rows: Optional[Callable[[int], None]] = None) -> MaterializeStats:
     """Write the latest value per entity in [start, end] of one view's offline table to the Redis of `settings`;
-    every key written expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`).
+    every key written expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`). The
+    newest event time of the rows is recorded as the view's (`redis_store.freshness`) once all are written.
 
     `encoders` threads encode batches side by side (Arrow and numpy release the GIL) while the writer's threads
     send; at most that many batches are in flight, so memory stays flat."""
@@ -124,14 +126,15 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
     writer = ClusterChunkWriter(settings) if settings.cluster else CheckedChunkWriter(settings)
     limits = writer.listpack_limits
 
-    def encode_and_send(batch: pa.RecordBatch) -> int:
+    def encode_and_send(batch: pa.RecordBatch) -> tuple[int, Optional[int]]:
         latest = latest_per_entity(batch, list(view.entity.join_keys))
-        if latest.num_rows:
-            rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None, key_ttl_s)
-            chunk = RESTORE_ROWS if rows.restores is not None else writer.checked_rows
-            for lo in range(0, len(rows), chunk):
-                writer.send(rows.slice(lo, chunk))
-        return batch.num_rows
+        if not latest.num_rows:
+            return batch.num_rows, None
+        rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None, key_ttl_s)
+        chunk = RESTORE_ROWS if rows.restores is not None else writer.checked_rows
+        for lo in range(0, len(rows), chunk):
+            writer.send(rows.slice(lo, chunk))
+        return batch.num_rows, int(rows.millis.max())
 
     in_flight: deque = deque()
     try:
@@ -146,13 +149,19 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
         written = writer.close()
     stats.entities_written = written
     stats.skipped_older = writer.skipped_older
+    if stats.newest_event_ms is not None:
+        freshness.record_newest(settings, project, {view.name: stats.newest_event_ms})
     stats.seconds = time.perf_counter() - started
     log.info("materialized %s: %d rows read, %d entities written (%d created by RESTORE) in %.2fs", view.name,
              stats.rows_read, written, writer.restored, stats.seconds)
     return stats
 
 
-def _finished(rows: int, stats: MaterializeStats, on_rows: Optional[Callable[[int], None]]) -> None:
+def _finished(done: tuple[int, Optional[int]], stats: MaterializeStats,
+              on_rows: Optional[Callable[[int], None]]) -> None:
+    rows, newest = done
     stats.rows_read += rows
+    if newest is not None and (stats.newest_event_ms is None or newest > stats.newest_event_ms):
+        stats.newest_event_ms = newest
     if on_rows:
         on_rows(rows)

@@ -140,8 +140,7 @@ def _history(cfg: ProjectConfig, matches: dict, remove: bool, dry_run: bool) -> 
 
 
 def _stream_jobs(cfg: ProjectConfig) -> list[tuple[Path, dict]]:
-    from streaming.runner import is_running
-    from streaming.status import read_statuses
+    from streaming.status import is_running, read_statuses
 
     jobs = [(home, status) for home, status in read_statuses(cfg.state_dir) if status.get("project") == cfg.project]
     for home, _ in jobs:
@@ -215,6 +214,8 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     from feast import FeatureStore
 
     from featurectl.lineage import forget_lineage
+    from redis_store.freshness import forget_newest
+    from redis_store.settings import RedisSettings
 
     store = FeatureStore(config=cfg.feast_repo_config())
     current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_on_demand_feature_views(),
@@ -222,6 +223,7 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     views = [v.name for v in store.list_feature_views()]
     try:
         store.apply([], objects_to_delete=current, partial=False)
+        forget_newest(RedisSettings.from_config(cfg), cfg.project)
     except ConnectionError as exc:
         raise click.ClickException(f"cannot reach Redis to delete online values ({exc}): "
                                    "run `featurectl services up` and retry") from exc

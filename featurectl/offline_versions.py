@@ -125,9 +125,14 @@ def replaced(version_log: VersionLog, project: str) -> dict[str, str]:
 
 
 def clear_online_values(store, feast_view, why: str) -> None:
-    """Delete the view's values from Redis (Feast's own `delete_table`) before a materialize writes them anew."""
+    """Delete the view's values from Redis (Feast's own `delete_table`) before a materialize writes them anew, and
+    its newest event time with them."""
     from feast.infra.online_stores.redis import RedisOnlineStore
 
+    from redis_store.freshness import forget_newest
+    from redis_store.settings import RedisSettings
+
     RedisOnlineStore().delete_table(store.config, feast_view)
+    forget_newest(RedisSettings.from_feast(store.config.online_store), store.config.project, [feast_view.name])
     click.echo(f"{feast_view.name}: {why}: cleared them first; entities without a row in the range read as not "
                "found until materialized")

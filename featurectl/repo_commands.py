@@ -133,6 +133,8 @@ def apply(ctx) -> None:
     """Register entities, sources, feature views and services in the Feast registry (idempotent), and record the
     version of each view."""
     from featurectl.repo_plan import plan_repo, render
+    from redis_store.freshness import forget_newest
+    from redis_store.settings import RedisSettings
 
     cfg = ctx.config()
     compiled = _compiled(cfg)
@@ -143,6 +145,7 @@ def apply(ctx) -> None:
         store.apply(objects.all(), objects_to_delete=repo_plan.to_delete, partial=False)
         version_log.record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
                                    dt.datetime.now(dt.timezone.utc))
+        forget_newest(RedisSettings.from_config(cfg), cfg.project, repo_plan.removed_views)
     click.echo("\n".join(render(repo_plan, "apply", ctx.command_prefix())))
     click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "
                f"{len(objects.feature_services)} feature services to {cfg.registry_url}")

@@ -58,7 +58,7 @@ def _ms(value: Optional[float]) -> str:
 
 
 def _print_status(home: Path, status: dict) -> None:
-    from streaming.runner import is_running
+    from streaming.status import is_running
 
     alive = is_running(home)
     state = status.get("state") if alive else f"not running (last state: {status.get('state')})"

@@ -29,6 +29,7 @@ from serving.client import AsyncOnlineClient
 from serving.errors import (PushUnavailableError, RequestError, ServingError, UnknownServiceError,
                             VersionConflictError)
 from serving.feature_log import FeatureLogger
+from serving.freshness import FreshnessMonitor
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
@@ -112,10 +113,12 @@ class FeatureServer:
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
                  on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None,
-                 feature_log: Optional[FeatureLogger] = None, drift: Optional[DriftMonitor] = None):
+                 feature_log: Optional[FeatureLogger] = None, drift: Optional[DriftMonitor] = None,
+                 freshness: Optional[FreshnessMonitor] = None):
         """`on_started` runs once the client and gateway are up (the entry point freezes the heap there);
         `feature_log` None: no feature logging; `drift` samples served values for the drift metrics
-        (`serving.drift`)."""
+        (`serving.drift`); `freshness` reads the views' newest event times and stream lags in the background for
+        /metrics."""
         self.http = http or HttpSettings()
         self.feature_log = feature_log
         self.make_client = make_client
@@ -133,6 +136,8 @@ class FeatureServer:
         self._sharing: Optional[asyncio.Future] = None
         self.drift = drift
         self._drifting: Optional[asyncio.Future] = None
+        self.freshness = freshness
+        self._watching: Optional[asyncio.Future] = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -238,6 +243,7 @@ class FeatureServer:
         async def fetched(client: AsyncOnlineClient) -> bytes:
             nonlocal logged
             response = await client.get_online_features(features, entities, full_feature_names=full)
+            self.stats.served.count(response.views)
             if self.drift is not None:
                 self.drift.offer(features, response)
             answer = response.to_feast_response()
@@ -298,7 +304,8 @@ class FeatureServer:
                                   "registry": self.client.registry.state()}), JSON
 
     async def metrics(self, body: Optional[bytes]) -> Reply:
-        return 200, exposition(self.stats, self.drift), METRICS_TYPE.encode()
+        snapshot = self.freshness.snapshot if self.freshness is not None else None
+        return 200, exposition(self.stats, self.drift, snapshot), METRICS_TYPE.encode()
 
     async def stats_json(self, body: Optional[bytes]) -> Reply:
         return 200, orjson.dumps(self.stats.merged().summary()), JSON
@@ -331,9 +338,11 @@ class FeatureServer:
                     self._sharing = asyncio.ensure_future(self._share_stats())
                 if self.drift is not None:
                     self._drifting = asyncio.ensure_future(self.drift.run(lambda: self.client.registry.catalog))
+                if self.freshness is not None:
+                    self._watching = asyncio.ensure_future(self.freshness.run(self.client))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                for task in (self._sharing, self._drifting):
+                for task in (self._sharing, self._drifting, self._watching):
                     if task is not None:
                         task.cancel()
                 if self.client is not None:

@@ -1,7 +1,7 @@
 """Prometheus exposition of `ServerStats`: histograms whose bucket edges are exact HDR edges (powers of two
 microseconds), the P50/P90/P99/P99.9 of each, response codes, Redis errors, requests in flight and feature
-logging (rows by outcome, files and bytes per service, rows queued and buffered); and the drift of served values
-per feature (`serving.drift`)."""
+logging (rows by outcome, files and bytes per service, rows queued and buffered); the drift of served values
+per feature (`serving.drift`); and the views' freshness (`serving.freshness`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, Iterator, Optional
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from serving.freshness import FreshnessSnapshot, freshness_metrics, served_metrics
 from serving.stats import POINTS, FeatureLogCounts, LatencyHistogram, ServerStats
 
 # 64 us .. 8.4 s: powers of two are bucket edges of the log-linear histogram, so these counts are exact
@@ -31,10 +32,11 @@ def _histogram(name: str, doc: str, label: str, hists: dict[str, LatencyHistogra
 
 
 class StatsCollector:
-    """Reads the (merged) server stats at scrape time; nothing is observed twice."""
+    """Reads the (merged) server stats and the last freshness snapshot at scrape time; nothing is observed twice."""
 
-    def __init__(self, stats: ServerStats):
+    def __init__(self, stats: ServerStats, freshness: Optional[FreshnessSnapshot] = None):
         self.stats = stats
+        self.freshness = freshness
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats.merged()
@@ -56,6 +58,9 @@ class StatsCollector:
                                 value=stats.log_queued)
         yield GaugeMetricFamily("featurectl_feature_log_buffered_rows", "logged rows in Arrow, not yet written",
                                 value=stats.log_buffered)
+        yield from served_metrics(stats.served)
+        if self.freshness is not None:
+            yield from freshness_metrics(self.freshness)
 
 
 def _feature_log(counts: dict[str, FeatureLogCounts]) -> Iterator[Metric]:
@@ -75,10 +80,12 @@ def _feature_log(counts: dict[str, FeatureLogCounts]) -> Iterator[Metric]:
     yield size
 
 
-def exposition(stats: ServerStats, drift: Optional[Any] = None) -> bytes:
-    """The scrape; `drift`: a collector of drift metrics (`serving.drift.DriftMonitor`), when sampling is on."""
+def exposition(stats: ServerStats, drift: Optional[Any] = None,
+               freshness: Optional[FreshnessSnapshot] = None) -> bytes:
+    """The scrape; `drift`: a collector of drift metrics (`serving.drift.DriftMonitor`), when sampling is on;
+    `freshness`: the last snapshot of the views' newest event times and stream lags."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats))
+    registry.register(StatsCollector(stats, freshness))
     if drift is not None:
         registry.register(drift)
     return generate_latest(registry)

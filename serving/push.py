@@ -25,7 +25,7 @@ from common.event_producer import EventDeliveryError, EventProducer
 from common.instants import InstantError, parse_instant
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.compile_flink import source_path
-from redis_store import guarded, layout
+from redis_store import freshness, guarded, layout
 from serving.catalog import Catalog
 from serving.errors import PushUnavailableError
 from serving.push_history import append_events
@@ -55,7 +55,8 @@ class PushResult:
 
 @dataclass
 class PreparedPush:
-    """A checked push: its events (an event source) or its Redis commands (an attribute view), one per row."""
+    """A checked push: its events (an event source) or its Redis commands (an attribute view): one per row, then
+    `records` (0 or 1) raising the view's newest event time (`redis_store.freshness`)."""
 
     target: PushTarget
     to: str
@@ -63,9 +64,11 @@ class PreparedPush:
     events: list[dict] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
     commands: list[bytes] = field(default_factory=list)
+    records: int = 0
 
     def finish(self, replies: Sequence[list], sent: int, history: Optional[Path]) -> PushResult:
         """The result, from the guarded writes' replies (a refused row comes back as [position, Redis's _ts])."""
+        replies = replies[:len(replies) - self.records]
         skipped = sum(1 for reply in replies if reply)
         return PushResult(self.target.name, self.to, self.rows, sent, history.name if history else None,
                           len(replies) - skipped, skipped)
@@ -128,7 +131,11 @@ class Pusher:
             values = [layout.encode_value(columns[n][row], kind) for n, kind in zip(names, kinds)]
             commands += guarded.commands([key], times[row], spec.ts_field, fields, [values], self.key_ttl_s,
                                          inline=True)
-        return PreparedPush(target, to, count, keys=keys, commands=commands)
+        if not keys:
+            return PreparedPush(target, to, count)
+        keys.append(freshness.record_key(catalog.project))
+        commands.append(freshness.record_command(catalog.project, {spec.name: max(times)}))
+        return PreparedPush(target, to, count, keys=keys, commands=commands, records=1)
 
     def write_events(self, prepared: PreparedPush) -> tuple[int, Optional[Path]]:
         """Blocking: the history file (offline), then Kafka (online); returns (events Kafka took, the file)."""

@@ -125,6 +125,7 @@ class PreparedRequest:
         now_ms = time.time() * 1000
         values: dict[str, list] = {}
         rows_of: dict[str, ViewRows] = {}
+        views: dict[str, ViewRows] = {}
         for g, group in enumerate(plan.groups):
             by_field = list(zip(*replies[g * n:(g + 1) * n]))  # one tuple per field, over the rows
             for read in group.views:
@@ -142,7 +143,8 @@ class PreparedRequest:
                                 column[i] = None
                     values.update(zip(batch.names, columns))
                 rows_of.update(dict.fromkeys(read.names, rows))
-        return self._answer(values, rows_of)
+                views[read.view.name] = rows
+        return self._answer(values, rows_of, views)
 
     def _finish_row(self, replies: list) -> OnlineFeatures:
         """One entity row, the usual online request: each batch's values are picked from the row's reply in C,
@@ -150,6 +152,7 @@ class PreparedRequest:
         now_ms = time.time() * 1000
         values: dict[str, list] = {}
         rows_of: dict[str, ViewRows] = {}
+        views: dict[str, ViewRows] = {}
         for group, row in zip(self.plan.groups, replies):
             for read in group.views:
                 rows = _view_row(row[read.ts_pos], read.view.ttl_ms, now_ms)
@@ -159,13 +162,16 @@ class PreparedRequest:
                     for batch in read.batches:
                         values.update(zip(batch.names, [[v] for v in batch.decode(batch.pick(row))]))
                 rows_of.update(dict.fromkeys(read.names, rows))
-        return self._answer(values, rows_of)
+                views[read.view.name] = rows
+        return self._answer(values, rows_of, views)
 
-    def _answer(self, values: dict[str, list], rows_of: dict[str, ViewRows]) -> OnlineFeatures:
-        """The decoded columns with the on-demand features computed from them, once over all rows."""
+    def _answer(self, values: dict[str, list], rows_of: dict[str, ViewRows],
+                views: dict[str, ViewRows]) -> OnlineFeatures:
+        """The decoded columns with the on-demand features computed from them, once over all rows; `views`: each
+        stored view read, with its rows (the served-rows counts)."""
         for read in self.plan.on_demand:
             read.apply(values, rows_of, self.entities, self.request, self.rows)
-        return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of)
+        return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of, views)
 
 
 def _view_row(ts_raw: Optional[bytes], ttl_ms: Optional[int], now_ms: float) -> ViewRows:

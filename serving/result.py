@@ -108,15 +108,18 @@ def _json_floats(values: list) -> list:
 
 
 class OnlineFeatures:
-    """Entity columns first, then the requested features in request order (Feast's `OnlineResponse` shape)."""
+    """Entity columns first, then the requested features in request order (Feast's `OnlineResponse` shape).
+    `rows_of` maps each output name to its view's rows, `views` each view read to the same rows."""
 
     def __init__(self, entities: dict[str, list], names: list[str], values: dict[str, list],
-                 kinds: dict[str, Optional[ValueType]], rows_of: dict[str, ViewRows]):
+                 kinds: dict[str, Optional[ValueType]], rows_of: dict[str, ViewRows],
+                 views: Optional[dict[str, ViewRows]] = None):
         self.entities = entities
         self.names = names
         self.values = values
         self.kinds = kinds
         self.rows_of = rows_of
+        self.views = views or {}
 
     def to_dict(self) -> dict[str, list]:
         out = dict(self.entities)

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from serving.client import AsyncOnlineClient
 from serving.feature_log import FeatureLogger
 from serving.drift import DriftMonitor
+from serving.freshness import FreshnessMonitor
 from serving.gateway import Gateway
 from serving.http_app import FeatureServer
 from serving.stats import ServerStats
@@ -84,7 +85,8 @@ def create_app() -> FeatureServer:
     return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,
                          on_started=_freeze_heap, http=config.platform.http,
                          feature_log=FeatureLogger(config.platform.feature_logging, stats),
-                         drift=DriftMonitor(_profiles_of(config.registry_url, config.project)))
+                         drift=DriftMonitor(_profiles_of(config.registry_url, config.project)),
+                         freshness=FreshnessMonitor(config.state_dir))
 
 
 def _profiles_of(registry_url: str, project: str) -> Callable[[], dict]:

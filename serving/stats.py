@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from serving.served_rows import ServedRows
+
 _SUB_BITS = 7
 _HALF = 1 << (_SUB_BITS - 1)
 _MAX_SHIFT = 36 - _SUB_BITS + 1
@@ -120,8 +122,8 @@ class FeatureLogCounts:
 
 class ServerStats:
     """What /metrics and /stats report: latency per endpoint and per feature service, response codes, Redis
-    errors, requests in flight, feature logging. `directory` (several workers) is where each worker's counters
-    are shared."""
+    errors, requests in flight, feature logging, rows served per view. `directory` (several workers) is where each
+    worker's counters are shared."""
 
     def __init__(self, directory: Optional[Path] = None):
         self.endpoints: dict[str, LatencyHistogram] = {}
@@ -132,6 +134,7 @@ class ServerStats:
         self.feature_log: dict[str, FeatureLogCounts] = {}  # per logged feature service
         self.log_queued = 0  # rows in the feature log's queue (served, not yet turned into Arrow)
         self.log_buffered = 0  # rows turned into Arrow, not yet written
+        self.served = ServedRows()
         self.directory = directory
 
     def log_counts(self, service: str) -> FeatureLogCounts:
@@ -159,7 +162,7 @@ class ServerStats:
                 "responses": [[e, s, n] for (e, s), n in self.responses.items()],
                 "redis_errors": self.redis_errors, "in_flight": self.in_flight,
                 "feature_log": {k: asdict(c) for k, c in self.feature_log.items()},
-                "log_queued": self.log_queued, "log_buffered": self.log_buffered}
+                "log_queued": self.log_queued, "log_buffered": self.log_buffered, "served": self.served.to_json()}
 
     def dump(self) -> None:
         """Share this worker's counters with the others (atomic rename: readers never see half a file)."""
@@ -198,13 +201,16 @@ class ServerStats:
             self.log_counts(service).add(FeatureLogCounts(**counts))
         self.log_queued += part["log_queued"]
         self.log_buffered += part["log_buffered"]
+        self.served.add(part["served"])
 
     def summary(self) -> dict[str, Any]:
-        """Percentiles in milliseconds, requests and errors: what `featurectl serve --stats URL` prints."""
+        """Percentiles in milliseconds, requests, errors and rows served per view: what `featurectl serve --stats
+        URL` and `featurectl status --server URL` print."""
         def table(hists: dict[str, LatencyHistogram]) -> dict[str, Any]:
             return {name: {"count": h.total, **h.percentiles_ms()} for name, h in sorted(hists.items())}
 
         return {"endpoints": table(self.endpoints), "feature_services": table(self.services),
                 "redis_errors": self.redis_errors, "in_flight": self.in_flight,
                 "feature_log": {name: asdict(c) for name, c in sorted(self.feature_log.items())},
-                "feature_log_queued_rows": self.log_queued, "feature_log_buffered_rows": self.log_buffered}
+                "feature_log_queued_rows": self.log_queued, "feature_log_buffered_rows": self.log_buffered,
+                "served_rows": self.served.summary()}

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from dsl.types import ValueType
-from redis_store import guarded, layout
+from redis_store import freshness, guarded, layout
 from redis_store.errors import RedisReplyError, RedisUnavailableError
 from redis_store.node import check_replies
 from redis_store.settings import RedisSettings
@@ -107,6 +107,14 @@ class RedisSink:
             return []
         replies = self.redis.execute(writes.slots, writes.commands)
         return guarded.refused(check_replies(replies, self.redis.where), writes.positions)
+
+    def record_newest(self, newest_ms: dict[str, int]) -> None:
+        """Raise the views' recorded newest event times to those just written (`redis_store.freshness`): one
+        command, sent like the writes."""
+        key = freshness.record_key(self.project)
+        command = freshness.record_command(self.project, newest_ms)
+        check_replies(self.redis.execute(slots_of([key]) if self.redis.cluster else None, [command]),
+                      self.redis.where)
 
     def run_id(self) -> Optional[str]:
         """The Redis process's run id (a new one after a restart; on a cluster, the masters'); None while it is

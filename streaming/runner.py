@@ -45,6 +45,7 @@ from streaming.writer_pool import WriterPool, WriterSpec
 log = logging.getLogger(__name__)
 
 JOB_CHECK_INTERVAL_S = 2.0
+LOCK_ATTEMPTS = 5  # 50 ms apart
 
 
 class StreamError(FeaturectlError, RuntimeError):
@@ -86,36 +87,32 @@ def plan_for(target: Target, views: Sequence[FeatureView], all_views: Sequence[F
                     generation.started_ms)
 
 
+def _take_lock(fd: int) -> bool:
+    """Whether the exclusive lock was taken. A reader asking `is_running` holds a shared lock for microseconds
+    (the feature servers ask every second), so a refusal is asked again a few times before it counts."""
+    for attempt in range(LOCK_ATTEMPTS):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt < LOCK_ATTEMPTS - 1:
+                time.sleep(0.05)
+    return False
+
+
 @contextmanager
 def job_lock(home: Path) -> Iterator[None]:
     """Holds `<home>/lock` while the stream runs; the kernel drops it when the process dies, however it dies."""
     home.mkdir(parents=True, exist_ok=True)
     fd = os.open(home / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take_lock(fd):
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
             raise StreamError(f"stream `{home.name}` is already running (pid {holder}); stop it first, "
-                              f"or see `featurectl stream --status`") from None
+                              f"or see `featurectl stream --status`")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
-    finally:
-        os.close(fd)
-
-
-def is_running(home: Path) -> bool:
-    """Whether a runner holds the job's lock right now."""
-    path = home / "lock"
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
     finally:
         os.close(fd)
 

@@ -220,6 +220,9 @@ class WindowWriter:
         return added, row[2][view.layout.clock_column]
 
     def _flush(self, clocks: list[int]) -> None:
+        """Write every changed entity at its view's clock, then record the clocks of the views written as their
+        newest event times (one command per flush, `redis_store.freshness`)."""
+        written = {}
         for view in self.views.values():
             rows = view.state.take_dirty()
             if not rows:
@@ -229,6 +232,10 @@ class WindowWriter:
             view.counters.refused += len(refused)
             for position, stored_ms in refused:
                 view.state.write_again_at(rows[position][0], stored_ms)
+            if len(refused) < len(rows):
+                written[view.layout.name] = view.state.head_ms
+        if written:
+            self.sink.record_newest(written)
         self._flushed = time.monotonic()
         if clocks:
             self.metrics.record_lags(int(time.time() * 1000), clocks)

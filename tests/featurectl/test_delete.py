@@ -20,6 +20,7 @@ from cli_helpers import ROOT, featurectl, project_keys
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.types import ValueType
 from redis_store.forget import EntityMatch, OnlineEraser
+from redis_store.freshness import read_newest, record_key
 from redis_store.layout import KeyEncoder
 from redis_store.settings import RedisSettings
 
@@ -195,12 +196,14 @@ def test_delete_an_entity_then_teardown_the_project(tmp_path, local_services):
     (job / "status.json").write_text(json.dumps({"project": project, "topics": {"tiles": [topic],
                                                                                 "dead_letters": []}}))
 
+    assert set(read_newest(RedisSettings.parse(f"{host}:{port}"), project)) == {"player_totals", "pair_best"}
     out = _cli(repo, "teardown", "--yes")
     assert "removed 1 API key(s), 1 backfill record(s) and 2 definition version(s)" in out
     assert f"Kafka topic(s) of its streams: {topic}" in out
     assert not (tmp_path / "data" / "offline" / "player_totals").exists() and not job.exists()
     assert (tmp_path / "data" / "plays").exists()
     assert _online_keys(client, project) == set()
+    assert not client.exists(record_key(project)), "the newest event times go with the values"
     assert [k.key_id for k in project_keys(repo).list()] == []
     assert other.key_id in [k.key_id for k in project_keys(tmp_path / (project + "x")).list()]
     assert mine.key_id not in [k.key_id for k in project_keys(tmp_path / (project + "x")).list()]

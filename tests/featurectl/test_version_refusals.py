@@ -23,6 +23,7 @@ from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
 from featurectl.offline_versions import StaleOfflineError
+from redis_store.freshness import record_key
 from serving import AsyncOnlineClient, OnlineClient
 from serving.errors import VersionConflictError
 from serving.http_app import FEATURES_PATH, FeatureServer
@@ -83,6 +84,7 @@ def _online_writer(repo: Path) -> tuple[str, str, bool]:
 
 
 def _delete_keys(project: str, client: redis.Redis) -> None:
+    client.delete(record_key(project))
     keys = [key for key in client.scan_iter(count=10_000) if key.endswith(project.encode())]
     if keys:
         client.delete(*keys)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import time
 
 import numpy as np
 from hypothesis import given, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.freshness import FreshnessSnapshot
 from serving.metrics import BOUNDS_US, exposition
+from serving.result import ViewRows
 from serving.stats import LatencyHistogram, ServerStats, bucket_bounds, bucket_of
+from streaming.status import ViewLag
 
 
 @given(st.integers(0, (1 << 36) - 1))
@@ -68,3 +73,32 @@ def test_prometheus_exposition_has_exact_buckets_and_quantiles():
     assert families["featurectl_redis_errors"].samples[0].value == 3
     assert {s.labels["feature_service"] for s in
             families["featurectl_feature_service_request_duration_seconds"].samples} == {"asset_ranking"}
+
+
+def test_served_rows_per_view_add_up_across_workers(tmp_path):
+    first, second = ServerStats(tmp_path), ServerStats(tmp_path)
+    first.served.count({"v": ViewRows((b"x", None, b"y"), [1], [2])})
+    second.served.count({"v": ViewRows((b"x",), [], []), "w": ViewRows((None,), [0], [])})
+    (tmp_path / "1.json").write_text(json.dumps(first.to_json()))  # another worker's dump
+    summary = second.merged().summary()["served_rows"]
+    assert summary == {"v": {"rows": 4, "not_found": 1, "outside_max_age": 1, "missing_rate": 0.5},
+                       "w": {"rows": 1, "not_found": 1, "outside_max_age": 0, "missing_rate": 1.0}}
+
+
+def test_freshness_is_exported_with_the_ages_at_scrape_time():
+    stats = ServerStats()
+    stats.served.count({"v": ViewRows((b"x", None, b"y", b"z"), [1], [3])})
+    newest_ms = int(time.time() * 1000) - 90_000
+    snapshot = FreshnessSnapshot({"v": newest_ms}, {"v": ViewLag("job", True, "running", 420.0, 710.0, None),
+                                                    "w": ViewLag("old", False, "not running", None, None, None)})
+    families = {f.name: f for f in text_string_to_metric_families(exposition(stats, freshness=snapshot).decode())}
+    served = {s.labels["status"]: s.value for s in families["featurectl_view_served_rows"].samples
+              if s.name.endswith("_total")}
+    assert served == {"PRESENT": 2, "NOT_FOUND": 1, "OUTSIDE_MAX_AGE": 1}
+    [newest] = families["featurectl_view_newest_event_timestamp_seconds"].samples
+    assert newest.labels == {"view": "v"} and newest.value == newest_ms / 1000
+    [age] = families["featurectl_view_newest_value_age_seconds"].samples
+    assert 90 <= age.value < 90 + 60
+    lags = {(s.labels["view"], s.labels["quantile"]): s.value for s in families["featurectl_stream_lag_seconds"].samples}
+    assert lags == {("v", "0.5"): 0.42, ("v", "0.99"): 0.71}
+    assert {s.labels["view"]: s.value for s in families["featurectl_stream_running"].samples} == {"v": 1, "w": 0}

@@ -10,7 +10,7 @@ import redis
 
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
-from redis_store import layout
+from redis_store import freshness, layout
 from redis_store.settings import RedisSettings
 from sink_view import VIEW, T
 from streaming.redis_sink import RedisSink
@@ -57,3 +57,16 @@ def test_written_keys_expire_after_the_key_ttl(sink_env):
     client.persist(s1)
     assert sink.send(sink.commands(view_layout, [_row(view_layout, "s1", 5.0, "old")], T - 1)) == [(0, T)]
     assert client.ttl(s1) == -1, "a refused (older) row does not touch the key"
+
+
+def test_the_sink_records_the_newest_event_time_it_wrote_and_never_lowers_it(sink_env):
+    """What the window writer sends after each flush: its views' clocks, on the sink's own connection."""
+    client, project, view_layout, settings = sink_env
+    sink = RedisSink(settings, project)
+    try:
+        sink.record_newest({"shop_orders": T})
+        sink.record_newest({"shop_orders": T - 60_000})  # a slower writer process of the same stream
+        assert freshness.read_newest(settings, project) == {"shop_orders": T}
+    finally:
+        sink.close()
+        client.delete(freshness.record_key(project))

@@ -19,8 +19,8 @@ import pytest
 from cli_helpers import featurectl
 from common.config import load_config
 from feature_repo.sample_data import SampleSpec, interaction_columns
-from stream_env import (LATENESS_MS, EventLog, StreamProcess, StreamRepo, boundary, dead_letters, dead_payload,
-                        expected, mismatches, produce, served)
+from stream_env import (LATENESS_MS, REDIS_PORT, EventLog, StreamProcess, StreamRepo, boundary, dead_letters,
+                        dead_payload, expected, mismatches, produce, served)
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +164,24 @@ def test_status_reports_the_running_job(run):
     # this repo has no Parquet history: the stream says so, and how to start from one
     logged = run["stream"].log.read_text()
     assert "source `asset_interactions` has no history at " in logged and "featurectl stream --reset" in logged
+
+
+def test_the_newest_event_time_recorded_is_the_clock_the_stream_wrote(run):
+    """The window writers record each view's clock after each flush; `featurectl status` shows it, with the
+    running stream writing the view."""
+    from redis_store.freshness import read_newest
+    from redis_store.settings import RedisSettings
+
+    repo, served = run["repo"], run["phases"][2]["served"]
+    newest = read_newest(RedisSettings.parse(f"127.0.0.1:{REDIS_PORT}"), repo.project)
+    assert newest == {v: max(row["_ts"] for row in served[v].values()) for v in VIEWS}
+    done = featurectl("--repo", str(repo.folder), "status", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["view"]: row for row in json.loads(done.stdout)["views"]}
+    for view in VIEWS:
+        assert rows[view]["stream"]["running"] and rows[view]["stream"]["state"] == "running"
+        assert rows[view]["stream"]["job"] == f"{repo.project}.asset_activity.user_activity"
+        assert rows[view]["newest_event_ms"] == newest[view]
 
 
 def test_feast_and_our_sdk_read_the_served_values(run):

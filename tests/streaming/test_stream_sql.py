@@ -4,6 +4,9 @@ consumer group and start position, and its fingerprint follows its SQL."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from dsl.compile_stream_source import source_keys
 from streaming.bootstrap import Generation
 from streaming.job_sql import StreamDefinitionError, plan_job
 from streaming.runner import StreamError, Target, job_lock, start_ms
+from streaming.status import is_running
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = SourceSettings("127.0.0.1:19092", Path("/data"))
@@ -97,3 +101,16 @@ def test_one_runner_per_job(tmp_path):
                 pass
     with job_lock(tmp_path / "job"):  # released when the first one ended
         pass
+
+
+def test_a_reader_asking_whether_the_job_runs_does_not_stop_it_starting(tmp_path):
+    """`is_running` (the feature servers ask every second) holds a shared lock for an instant: a start then
+    asks again instead of calling the job running."""
+    home = tmp_path / "job"
+    home.mkdir()
+    fd = os.open(home / "lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    threading.Timer(0.01, os.close, [fd]).start()
+    with job_lock(home):
+        assert is_running(home)
+    assert not is_running(home)

@@ -1,0 +1,53 @@
+"""The freshness record against the real Redis: it only moves forward, per view, whoever writes it; it can be
+forgotten per view or whole; entity scans of the project never meet it."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from redis_store import freshness
+from redis_store.settings import RedisSettings
+
+pytestmark = pytest.mark.integration
+
+T = 1_767_225_600_000  # 2026-01-01T00:00Z
+
+
+@pytest.fixture()
+def record(local_services):
+    host, port = local_services.redis_host_port
+    project = f"fresh_{uuid.uuid4().hex[:8]}"
+    yield RedisSettings.parse(f"{host}:{port}"), project, redis.Redis(host, port)
+    redis.Redis(host, port).delete(freshness.record_key(project))
+
+
+def test_the_newest_event_time_only_moves_forward_per_view(record):
+    settings, project, _ = record
+    assert freshness.read_newest(settings, project) == {}
+    freshness.record_newest(settings, project, {"a": T, "b": T - 5})
+    freshness.record_newest(settings, project, {"a": T - 60_000, "b": T})  # an older `a` changes nothing
+    freshness.record_newest(settings, project, {"b": T})  # the same again (a retry) neither
+    assert freshness.read_newest(settings, project) == {"a": T, "b": T}
+    freshness.record_newest(settings, project, {"a": T + 1})
+    assert freshness.read_newest(settings, project) == {"a": T + 1, "b": T}
+
+
+def test_records_are_forgotten_per_view_or_whole(record):
+    settings, project, client = record
+    freshness.record_newest(settings, project, {"a": T, "b": T, "c": T})
+    freshness.forget_newest(settings, project, ["a", "c"])
+    assert freshness.read_newest(settings, project) == {"b": T}
+    freshness.forget_newest(settings, project, [])
+    assert freshness.read_newest(settings, project) == {"b": T}
+    freshness.forget_newest(settings, project)
+    assert not client.exists(freshness.record_key(project))
+
+
+def test_a_scan_for_the_projects_entity_keys_does_not_find_the_record(record):
+    settings, project, client = record
+    freshness.record_newest(settings, project, {"a": T})
+    assert client.exists(freshness.record_key(project))
+    assert list(client.scan_iter(match=f"*{project}".encode(), count=10_000)) == []

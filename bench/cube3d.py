@@ -154,7 +154,9 @@ def _eager_modes(engine, cond, uncond, n: int, batch: int, quick: bool) -> dict[
 
 def bench_mesh(config: str, device: torch.device, dtype: torch.dtype, ids: torch.Tensor, resolution: int,
                quick: bool) -> dict[str, Any]:
-    """Tokens -> occupancy grid -> marching cubes -> GLB and OBJ, each stage timed (random tokenizer weights)."""
+    """Tokens -> occupancy grid -> marching cubes -> GLB and OBJ, each stage timed (random tokenizer weights). On
+    CUDA marching cubes runs on the device; the same grid then goes through scikit-image on the host (the peer
+    path), and the two surfaces are compared (face counts, vertex distance in cells)."""
     from inference.errors import MeshError
     from inference.mesh import ShapeDecoder
 
@@ -167,15 +169,45 @@ def bench_mesh(config: str, device: torch.device, dtype: torch.dtype, ids: torch
         # random weights: move the level so the zero crossing exists (the released weights need no such step)
         dec.model.occupancy_decoder.c_head.bias -= grid.median().to(dtype)
     try:
+        if device.type == "cuda":
+            dec.decode_mesh(ids, resolution=resolution)                     # warm-up of the device mesh path
         mesh = dec.decode_mesh(ids, resolution=resolution)
     except MeshError as exc:
         return {"error": str(exc)}
     with tempfile.TemporaryDirectory() as tmp:
         sizes = {p.suffix[1:]: p.stat().st_size for p in (mesh.export(Path(tmp) / f"object.{s}") for s in ("glb", "obj"))}
     st = mesh.stages
-    return {"resolution": resolution, "grid_points": (2 ** resolution + 1) ** 3, "vertices": len(mesh.vertices),
-            "faces": len(mesh.faces), "file_bytes": sizes, "stages_s": {k: round(v, 4) for k, v in st.items()},
-            "shape_decode_s": st["latents"] + st["occupancy"], "total_s": sum(st.values())}
+    out = {"resolution": resolution, "grid_points": (2 ** resolution + 1) ** 3, "vertices": len(mesh.vertices),
+           "faces": len(mesh.faces), "file_bytes": sizes, "stages_s": {k: round(v, 4) for k, v in st.items()},
+           "mesh_on_device": device.type == "cuda",
+           "shape_decode_s": st["latents"] + st["occupancy"], "total_s": sum(st.values())}
+    if device.type == "cuda":
+        out["host_path"] = host_mesh_check(dec.occupancy_grid(ids, resolution=resolution), dec.cfg.bounds, mesh)
+    return out
+
+
+def host_mesh_check(grid: torch.Tensor, bounds: float, device_mesh) -> dict[str, Any]:
+    """The peer path on the same grid (copy to the host, scikit-image's Lewiner marching cubes, trimesh's GLB),
+    timed, and how far the device surface is from it."""
+    import numpy as np
+    from scipy.spatial import cKDTree
+
+    from inference.mesh import Mesh, marching_cubes
+
+    t0 = time.perf_counter()
+    host = grid.cpu().numpy()
+    t1 = time.perf_counter()
+    verts, faces = marching_cubes(host, bounds)
+    t2 = time.perf_counter()
+    Mesh(verts, faces).to_trimesh().export(file_type="glb")
+    t3 = time.perf_counter()
+    cell = 2 * bounds / grid.shape[0]
+    dist, _ = cKDTree(verts).query(device_mesh.vertices)
+    return {"to_host_s": round(t1 - t0, 4), "marching_cubes_s": round(t2 - t1, 4), "trimesh_glb_s": round(t3 - t2, 4),
+            "vertices": len(verts), "faces": len(faces),
+            "device_faces_minus_host_pct": round(100 * (len(device_mesh.faces) - len(faces)) / len(faces), 4),
+            "device_vertex_to_host_max_cells": round(float(dist.max()) / cell, 6),
+            "device_vertex_to_host_p99_cells": round(float(np.percentile(dist, 99)) / cell, 6)}
 
 
 def _ours_and_peer(v01: dict, v05: dict | None, mesh: dict | None) -> tuple[dict, dict]:

@@ -1,5 +1,6 @@
 """Tokens to a mesh file: codebook + latent decoder and occupancy on a (2^r + 1)^3 grid on the device (in
-chunks), marching cubes at level 0 on the host, export to GLB or OBJ. Every stage is timed.
+chunks), marching cubes at level 0 (on a CUDA device by `inference.marching_cubes`, else scikit-image's on the
+host), export to GLB or OBJ. Every stage is timed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from inference.checkpoint import init_random_, load_safetensors, load_state_dict
 from inference.config import ShapeTokenizerConfig
 from inference.engine import Weights, _default_dtype
 from inference.errors import MeshError
+from inference.glb import glb_bytes
+from inference.marching_cubes import marching_cubes_torch
 from inference.shape_tokenizer import ShapeTokenizer
 
 log = logging.getLogger(__name__)
@@ -27,7 +30,8 @@ ENCODER_PREFIXES = ("encoder.", "embedder.")
 
 @dataclass
 class Mesh:
-    """Vertices [V, 3] float32 and faces [F, 3] int64 (numpy), with the seconds each stage took."""
+    """Vertices [V, 3] float32 and faces [F, 3] int64 (int32 from the device path), numpy, with the seconds each
+    stage took."""
 
     vertices: np.ndarray
     faces: np.ndarray
@@ -40,6 +44,9 @@ class Mesh:
             raise MeshError("mesh export needs `trimesh`: pip install trimesh") from exc
         return trimesh.Trimesh(vertices=self.vertices, faces=self.faces, process=False)
 
+    def glb(self) -> bytes:
+        return glb_bytes(self.vertices, self.faces)
+
     def export(self, path: str | Path) -> Path:
         """Write `.glb` or `.obj` (by suffix); records the `export_<suffix>` stage."""
         path = Path(path)
@@ -47,7 +54,10 @@ class Mesh:
             raise MeshError(f"unsupported mesh file `{path.name}`: use a `.glb` or `.obj` suffix")
         t0 = time.perf_counter()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.to_trimesh().export(path)
+        if path.suffix.lower() == ".glb":
+            path.write_bytes(self.glb())
+        else:
+            self.to_trimesh().export(path)
         self.stages[f"export_{path.suffix.lower()[1:]}"] = time.perf_counter() - t0
         return path
 
@@ -75,6 +85,18 @@ def marching_cubes(grid: np.ndarray, bounds: float, mask: np.ndarray | None = No
     size = grid.shape[0]
     verts = verts / size * (2 * bounds) - bounds
     return verts.astype(np.float32), np.ascontiguousarray(faces[:, ::-1]).astype(np.int64)
+
+
+def device_surface(grid: Tensor, bounds: float) -> tuple[Tensor, Tensor]:
+    """`marching_cubes` where `grid` lives (classic cases, see `inference.marching_cubes`): vertices [V, 3] float32
+    in world coordinates and faces [F, 3] int64, on the grid's device, same scaling and winding."""
+    verts, faces = marching_cubes_torch(grid, 0.0)
+    return verts * (2 * bounds / grid.shape[0]) - bounds, faces
+
+
+def host_mesh(verts: Tensor, faces: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Device buffers -> numpy, one copy each (faces as int32: half the bytes, and what GLB stores)."""
+    return verts.cpu().numpy(), faces.int().cpu().numpy()
 
 
 class ShapeDecoder:
@@ -128,15 +150,27 @@ class ShapeDecoder:
         stages["occupancy"] = time.perf_counter() - t1
         return out.view(g, g, g)
 
-    def decode_mesh(self, ids: Tensor, resolution: int = 8, chunk_size: int | None = None) -> Mesh:
-        """Token ids [N] or [1, N] -> `Mesh`, with stages latents / occupancy / to_host / marching_cubes."""
+    def decode_mesh(self, ids: Tensor, resolution: int = 8, chunk_size: int | None = None,
+                    on_device: bool | None = None) -> Mesh:
+        """Token ids [N] or [1, N] -> `Mesh`, with stages latents / occupancy / marching_cubes / to_host.
+        `on_device` (default: on a CUDA device) runs marching cubes on the device and copies the mesh to the host;
+        otherwise the grid goes to the host for scikit-image."""
         stages: dict[str, float] = {}
         grid = self.occupancy_grid(ids, resolution, chunk_size, stages)
-        t0 = time.perf_counter()
-        host = grid.cpu().numpy()
-        t1 = time.perf_counter()
-        verts, faces = marching_cubes(host, self.cfg.bounds)
-        stages["to_host"] = t1 - t0
-        stages["marching_cubes"] = time.perf_counter() - t1
+        if self.device.type == "cuda" if on_device is None else on_device:
+            t0 = time.perf_counter()
+            dverts, dfaces = device_surface(grid, self.cfg.bounds)
+            self._sync()
+            t1 = time.perf_counter()
+            verts, faces = host_mesh(dverts, dfaces)
+            stages["marching_cubes"] = t1 - t0
+            stages["to_host"] = time.perf_counter() - t1
+        else:
+            t0 = time.perf_counter()
+            host = grid.cpu().numpy()
+            t1 = time.perf_counter()
+            verts, faces = marching_cubes(host, self.cfg.bounds)
+            stages["to_host"] = t1 - t0
+            stages["marching_cubes"] = time.perf_counter() - t1
         log.info("mesh: %d vertices, %d faces", len(verts), len(faces))
         return Mesh(verts, faces, stages)

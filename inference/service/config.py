@@ -31,7 +31,9 @@ class ServiceConfig:
     job_timeout_s: float = 300.0             # a request still queued this long after arriving is dropped unrun
                                              # (overload: no GPU time for work nobody may wait for); the service's
                                              # deadline, not the caller's
-    mesh_workers: int = 4                    # processes for marching cubes + export
+    mesh_workers: int = 4                    # processes for marching cubes + export (the host path)
+    mesh_on_device: bool | None = None       # marching cubes + GLB on the worker's device, no processes;
+                                             # None = on a CUDA device, on the host (worker processes) otherwise
     feature_service: str = "cube3d_conditioning"
     feature_timeout_s: float = 0.05          # the SDK's Redis timeout; past it the request falls back, never fails
     bbox_max_size: float = 1.925             # v0.5 convention: the bbox is scaled so its longest side is this
@@ -42,6 +44,10 @@ class ServiceConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def meshes_on_device(self) -> bool:
+        return self.torch_device.type == "cuda" if self.mesh_on_device is None else self.mesh_on_device
 
     @property
     def dtype(self) -> torch.dtype:

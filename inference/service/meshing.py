@@ -56,17 +56,20 @@ def _mesh(name: str, size: int, bounds: float) -> MeshOutput:
         except RuntimeError as exc:                        # scikit-image: "No surface found at the given iso value"
             raise MeshError(f"the tokens decode to no surface ({exc})") from None
         t1 = time.perf_counter()
-        glb = Mesh(verts, faces).to_trimesh().export(file_type="glb")
+        glb = Mesh(verts, faces).glb()
         return MeshOutput(glb, len(verts), len(faces), t1 - t0, time.perf_counter() - t1)
     finally:
         grid.close()
 
 
 def _warm() -> None:
-    """Pay the imports (skimage, trimesh's GLB exporter) when the pool starts, not in the first request."""
+    """Pay the imports (skimage, the mesh module) when the pool starts, not in the first request."""
+    from skimage import measure
+
     from inference.mesh import Mesh
 
-    Mesh(np.eye(3, dtype=np.float32), np.array([[0, 1, 2]])).to_trimesh().export(file_type="glb")
+    Mesh(np.eye(3, dtype=np.float32), np.array([[0, 1, 2]])).glb()
+    measure.marching_cubes(np.arange(8, dtype=np.float32).reshape(2, 2, 2) - 3.5, 0.0)
 
 
 class MeshPool:

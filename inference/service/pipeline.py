@@ -1,7 +1,9 @@
 """One batch of requests through the models: features, text, condition, tokens, occupancy grids; stages timed.
 
-The GPU work of a batch runs on one thread (the service's worker); what follows the occupancy grid (marching
-cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the GPU takes the next object.
+The GPU work of a batch runs on one thread (the service's worker). On a CUDA device (`mesh_on_device`) the mesh
+is made there too: marching cubes on the grid in device memory, one copy of the vertex and face buffers to the
+host, GLB bytes written from them (a few ms each at r = 8). Otherwise what follows the occupancy grid (marching
+cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the device takes the next object.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 from torch import Tensor
 
 from inference.engine import Engine
-from inference.mesh import ShapeDecoder
+from inference.errors import MeshError
+from inference.glb import glb_bytes
+from inference.mesh import ShapeDecoder, device_surface, host_mesh
 from inference.occupancy import coarse_to_fine, shape_field
 from inference.service.conditioning import (AssetFeatureFetcher, AssetFeatures, AssetProjection, asset_vector,
                                             bbox_condition)
@@ -63,14 +67,17 @@ class GenerationResult:
 
 @dataclass
 class GridJob:
-    """An occupancy grid in shared memory, ready for marching cubes (the mesh pool's work item)."""
+    """One object after its occupancy grid: the grid in shared memory, ready for marching cubes (the mesh pool's
+    work item), or, meshed on the device, the mesh itself or the error that stopped it."""
 
     request: GenerationRequest
-    grid: SharedGrid
+    grid: SharedGrid | None
     stages: dict[str, float]
     features: AssetFeatures | None
     bbox: list[float] | None
     batch_size: int
+    mesh: MeshOutput | None = None
+    error: MeshError | None = None
 
 
 class Pipeline:
@@ -157,17 +164,39 @@ class Pipeline:
                               levels=self.cfg.coarse_levels)
         self._sync()
         t1 = time.perf_counter()
+        stages["shape_decode"] = t1 - t0
+        if self.cfg.meshes_on_device:
+            job = GridJob(request, None, stages, features, bbox, batch_size)
+            try:
+                job.mesh = self.device_mesh(grid.values, stages)
+            except MeshError as exc:
+                job.error = exc
+            return job
         shared = SharedGrid(grid.values.shape[0])
         torch.from_numpy(shared.values).copy_(grid.values)              # device -> shared memory, one copy
         torch.from_numpy(shared.surface).copy_(grid.surface)
-        stages["shape_decode"] = t1 - t0
         stages["to_host"] = time.perf_counter() - t1
         return GridJob(request, shared, stages, features, bbox, batch_size)
 
+    def device_mesh(self, values: Tensor, stages: dict[str, float]) -> MeshOutput:
+        """Marching cubes on the device, the two buffers to the host (the `to_host` stage), GLB bytes."""
+        t0 = time.perf_counter()
+        verts, faces = device_surface(values, self.shapes.cfg.bounds)
+        self._sync()
+        t1 = time.perf_counter()
+        host_verts, host_faces = host_mesh(verts, faces)
+        t2 = time.perf_counter()
+        stages["to_host"] = t2 - t1
+        glb = glb_bytes(host_verts, host_faces)
+        return MeshOutput(glb, len(host_verts), len(host_faces), t1 - t0, time.perf_counter() - t2)
+
 
 def result_of(job: GridJob, mesh: MeshOutput) -> GenerationResult:
+    """The result of a meshed job. Stages: `marching_cubes`, `to_host` (the grid before it on the host path, the
+    mesh buffers after it on the device path), `meshing` (the two together) and `export` (GLB bytes)."""
     stages = job.stages
-    stages["meshing"] = stages.pop("to_host") + mesh.marching_cubes_s
+    stages["marching_cubes"] = mesh.marching_cubes_s
+    stages["meshing"] = stages["to_host"] + mesh.marching_cubes_s
     stages["export"] = mesh.export_s
     fallback = job.features.fallback if job.features else None
     return GenerationResult(job.request.id, mesh.glb, mesh.vertices, mesh.faces, stages, job.bbox, fallback,

@@ -6,8 +6,9 @@
 
 One worker thread owns the GPU. It takes the oldest request, waits up to `max_batch_wait_ms` for more that can
 share the engine call (same token choice), up to the largest batch bucket, and runs the batch: one feature fetch,
-one text encoding, one `Engine.generate`, then one occupancy grid per object. Marching cubes and the GLB export of
-an object run in a worker process (`meshing.MeshPool`) while the GPU goes on with the next object or batch. A full
+one text encoding, one `Engine.generate`, then one occupancy grid per object. On a CUDA device marching cubes and
+the GLB export follow on the worker (a few ms); on the host path they run in a worker process (`meshing.MeshPool`)
+while the worker goes on with the next object or batch. A full
 queue is refused at once (`QueueFullError`, HTTP 429). A request still queued `job_timeout_s` after it arrived is
 dropped before it costs GPU time (`JobExpiredError`): a service that far behind is overloaded, and the caller may be
 long gone. That deadline is the service's, not the caller's: `timeout_s` of a request only says how long an HTTP
@@ -95,7 +96,7 @@ class GenerationService:
         self._queue: collections.deque[tuple[GenerationRequest, Future]] = collections.deque()
         self._cv = threading.Condition()
         self._closed = False
-        self._mesh_pool = MeshPool(cfg.mesh_workers)
+        self._mesh_pool = None if cfg.meshes_on_device else MeshPool(cfg.mesh_workers)
         self._worker = threading.Thread(target=self._run, name="cube3d-gpu", daemon=True)
         self._worker.start()
 
@@ -144,7 +145,8 @@ class GenerationService:
         for _, future in pending:
             future.set_exception(ServiceClosedError("the generation service shut down before this request ran"))
         self._worker.join(timeout=60)
-        self._mesh_pool.shutdown()
+        if self._mesh_pool is not None:
+            self._mesh_pool.shutdown()
         self.fetcher.close()
 
     # ---- the worker --------------------------------------------------------------------------------
@@ -198,6 +200,14 @@ class GenerationService:
         def emit(job: GridJob) -> None:
             job.stages["queue"] = started - job.request.arrived
             future = futures.pop(job.request.id)
+            if job.grid is None:                                # meshed on the device already
+                done: Future = Future()
+                if job.error is not None:
+                    done.set_exception(job.error)
+                else:
+                    done.set_result(job.mesh)
+                self._finish(job, done, future)
+                return
             self._mesh_pool.submit(job.grid, self.pipeline.shapes.cfg.bounds).add_done_callback(
                 lambda done: self._finish(job, done, future))
 

@@ -328,7 +328,8 @@ def command(device: str, config_name: str, n_one: int | None, clients: int, per_
         log.info("surface probe %s; coarse-to-fine check %s", probe, check)
         service.close()
         peer_pipe = copy.copy(service.pipeline)
-        peer_pipe.cfg = replace(cfg, coarse_levels=0, batch_buckets=(1,), mesh_on_device=False)
+        peer_pipe.cfg = replace(cfg, coarse_levels=0, batch_buckets=(1,), mesh_on_device=False,
+                                compile_occupancy=False)
         peer_service = _service(peer_pipe.cfg, make_client, peer_pipe)
         peer = run_service(peer_service, peer_n, clients, max(1, per_client // 4 if gpu else per_client // 5),
                            asset_ids)
@@ -382,9 +383,9 @@ def _params(dev, cfg, build_s: float, ours: dict, peer: dict, probe: dict, fetch
         "faces_median": faces[len(faces) // 2] if faces else None, "dense_shape_decode_s": round(dense_shape, 4),
         "surface_probe": {**probe, "network_s": round(probe["network_s"], 4),
                           "note": "points a chair-sized surface needs coarse to fine, timed on the real network"},
-        "mesh_on_device": cfg.meshes_on_device,
-        "peer_path": "one request per engine call (no batching), dense occupancy (every grid point), marching cubes "
-                     "on the host (scikit-image, worker processes), same models; "
+        "mesh_on_device": cfg.meshes_on_device, "compile_occupancy": cfg.compiles_occupancy,
+        "peer_path": "one request per engine call (no batching), dense occupancy (every grid point, eager), "
+                     "marching cubes on the host (scikit-image, worker processes), same models; "
                      "fetch peer: Feast's FeatureStore.get_online_features, one asset per call",
         "peer_stages_one_at_a_time_ms": stage_percentiles(peer["one"]),
         "goals": GOALS,

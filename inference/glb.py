@@ -25,14 +25,13 @@ def _padded(data: bytes, fill: bytes) -> bytes:
 
 
 def glb_bytes(vertices: np.ndarray, faces: np.ndarray) -> bytes:
-    """Vertices [V, 3] and faces [F, 3] (indices into the vertices) -> the bytes of a `.glb` file."""
-    vertices = np.ascontiguousarray(vertices, dtype="<f4")
-    faces = np.ascontiguousarray(faces, dtype="<u4")
+    """Vertices [V, 3] and faces [F, 3] (indices into the vertices) -> the bytes of a `.glb` file. The file is
+    built in one buffer, each array written into it once (converted on the way where its dtype differs)."""
     if vertices.ndim != 2 or vertices.shape[1] != 3 or faces.ndim != 2 or faces.shape[1] != 3:
         raise MeshError(f"a GLB mesh needs vertices [V, 3] and faces [F, 3], got {vertices.shape} and {faces.shape}")
     if len(vertices) == 0 or len(faces) == 0:
         raise MeshError("a GLB mesh needs at least one vertex and one face")
-    indices, positions = faces.tobytes(), vertices.tobytes()
+    n_index, n_position = 4 * faces.size, 4 * vertices.size
     gltf = {
         "asset": {"version": "2.0", "generator": "featurectl inference.glb"},
         "scene": 0, "scenes": [{"nodes": [0]}], "nodes": [{"mesh": 0}],
@@ -40,16 +39,25 @@ def glb_bytes(vertices: np.ndarray, faces: np.ndarray) -> bytes:
         "accessors": [
             {"bufferView": 0, "componentType": UNSIGNED_INT, "count": faces.size, "type": "SCALAR"},
             {"bufferView": 1, "componentType": FLOAT, "count": len(vertices), "type": "VEC3",
-             "min": vertices.min(axis=0).tolist(), "max": vertices.max(axis=0).tolist()},
+             # column by column: numpy's `min(axis=0)` over [V, 3] is 20x slower (strided, 3-wide)
+             "min": [float(vertices[:, i].min()) for i in range(3)],
+             "max": [float(vertices[:, i].max()) for i in range(3)]},
         ],
         "bufferViews": [
-            {"buffer": 0, "byteOffset": 0, "byteLength": len(indices), "target": ELEMENT_ARRAY_BUFFER},
-            {"buffer": 0, "byteOffset": len(indices), "byteLength": len(positions), "target": ARRAY_BUFFER},
+            {"buffer": 0, "byteOffset": 0, "byteLength": n_index, "target": ELEMENT_ARRAY_BUFFER},
+            {"buffer": 0, "byteOffset": n_index, "byteLength": n_position, "target": ARRAY_BUFFER},
         ],
-        "buffers": [{"byteLength": len(indices) + len(positions)}],
+        "buffers": [{"byteLength": n_index + n_position}],
     }
     head = _padded(json.dumps(gltf, separators=(",", ":")).encode(), b" ")
-    body = _padded(indices + positions, b"\0")
-    total = 12 + 8 + len(head) + 8 + len(body)
-    return b"".join([struct.pack("<III", GLB_MAGIC, GLB_VERSION, total), struct.pack("<II", len(head), CHUNK_JSON),
-                     head, struct.pack("<II", len(body), CHUNK_BIN), body])
+    body = n_index + n_position + (-(n_index + n_position) % 4)
+    out = bytearray(12 + 8 + len(head) + 8 + body)
+    struct.pack_into("<III", out, 0, GLB_MAGIC, GLB_VERSION, len(out))
+    struct.pack_into("<II", out, 12, len(head), CHUNK_JSON)
+    out[20:20 + len(head)] = head
+    at = 20 + len(head)
+    struct.pack_into("<II", out, at, body, CHUNK_BIN)
+    at += 8
+    np.frombuffer(out, "<u4", faces.size, at).reshape(faces.shape)[:] = faces
+    np.frombuffer(out, "<f4", vertices.size, at + n_index).reshape(vertices.shape)[:] = vertices
+    return bytes(out)

@@ -116,6 +116,15 @@ class ShapeDecoder:
         else:
             load_state_dict_strict(self.model, {k: v for k, v in weights.items() if not k.startswith(ENCODER_PREFIXES)})
         self.model.eval().requires_grad_(False)
+        self._compiled = None
+
+    def compiled_occupancy(self):
+        """The occupancy decoder through torch.compile (dynamic point counts), built on first use. Its per-point
+        work is small matrix products between elementwise steps (Fourier features, norms, activations) that eager
+        mode runs as separate passes over memory; compiled, they fuse."""
+        if self._compiled is None:
+            self._compiled = torch.compile(self.model.occupancy_decoder, dynamic=True)
+        return self._compiled
 
     @torch.no_grad()
     def codebook(self) -> Tensor:

@@ -100,14 +100,16 @@ def coarse_to_fine(field: Field, resolution: int, bounds: float, device: torch.d
     return OccupancyGrid(values, cell_points(sign_change_cells(values)), evaluated)
 
 
-def shape_field(shapes, ids: Tensor) -> Field:
+def shape_field(shapes, ids: Tensor, compiled: bool = False) -> Field:
     """The occupancy field of one object's token ids [N] under a `ShapeDecoder`: latents and the cross-attention
-    keys/values are computed once here; the returned function evaluates query points."""
+    keys/values are computed once here; the returned function evaluates query points. `compiled`: through
+    `ShapeDecoder.compiled_occupancy` (torch.compile: the embedding, norms and activations fused)."""
     model = shapes.model
     latents = model.decode_indices(ids.reshape(1, -1).to(shapes.device))           # [1, N, W]
     kv = model.occupancy_decoder.attn_out.keys_values(latents)
+    decoder = shapes.compiled_occupancy() if compiled else model.occupancy_decoder
 
     def field(points: Tensor) -> Tensor:
-        return model.occupancy_decoder(points.unsqueeze(0).to(shapes.dtype), kv)[0].float()
+        return decoder(points.unsqueeze(0).to(shapes.dtype), kv)[0].float()
 
     return field

@@ -32,6 +32,7 @@ class ServiceConfig:
                                              # (overload: no GPU time for work nobody may wait for); the service's
                                              # deadline, not the caller's
     mesh_workers: int = 4                    # processes for marching cubes + export (the host path)
+    compile_occupancy: bool | None = None    # torch.compile the occupancy decoder; None = on a CUDA device
     mesh_on_device: bool | None = None       # marching cubes + GLB on the worker's device, no processes;
                                              # None = on a CUDA device, on the host (worker processes) otherwise
     feature_service: str = "cube3d_conditioning"
@@ -44,6 +45,10 @@ class ServiceConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def compiles_occupancy(self) -> bool:
+        return self.torch_device.type == "cuda" if self.compile_occupancy is None else self.compile_occupancy
 
     @property
     def meshes_on_device(self) -> bool:

@@ -2,7 +2,7 @@
 
 The GPU work of a batch runs on one thread (the service's worker). On a CUDA device (`mesh_on_device`) the mesh
 is made there too: marching cubes on the grid in device memory, one copy of the vertex and face buffers to the
-host, GLB bytes written from them (a few ms each at r = 8). Otherwise what follows the occupancy grid (marching
+host; the service writes the GLB bytes from them in a thread while the worker goes on. Otherwise what follows the occupancy grid (marching
 cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the device takes the next object.
 """
 
@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -68,7 +69,8 @@ class GenerationResult:
 @dataclass
 class GridJob:
     """One object after its occupancy grid: the grid in shared memory, ready for marching cubes (the mesh pool's
-    work item), or, meshed on the device, the mesh itself or the error that stopped it."""
+    work item), or, meshed on the device, its vertices and faces on the host (for `export_glb`) or the error that
+    stopped it."""
 
     request: GenerationRequest
     grid: SharedGrid | None
@@ -76,7 +78,8 @@ class GridJob:
     features: AssetFeatures | None
     bbox: list[float] | None
     batch_size: int
-    mesh: MeshOutput | None = None
+    surface: tuple[np.ndarray, np.ndarray] | None = None   # device path: vertices, faces on the host
+    marching_cubes_s: float = 0.0
     error: MeshError | None = None
 
 
@@ -110,7 +113,7 @@ class Pipeline:
         return TextEncoder(model, tokenizer, mcfg.text_tokens, self.device, self.dtype)
 
     def _field(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
-        field = shape_field(self.shapes, ids)
+        field = shape_field(self.shapes, ids, compiled=self.cfg.compiles_occupancy)
         if self.cfg.shape_weights is not None:
             return field
         # random tokenizer weights put each object's logits at their own offset, often all of one sign: centre
@@ -168,7 +171,7 @@ class Pipeline:
         if self.cfg.meshes_on_device:
             job = GridJob(request, None, stages, features, bbox, batch_size)
             try:
-                job.mesh = self.device_mesh(grid.values, stages)
+                self.device_mesh(grid.values, job)
             except MeshError as exc:
                 job.error = exc
             return job
@@ -178,17 +181,23 @@ class Pipeline:
         stages["to_host"] = time.perf_counter() - t1
         return GridJob(request, shared, stages, features, bbox, batch_size)
 
-    def device_mesh(self, values: Tensor, stages: dict[str, float]) -> MeshOutput:
-        """Marching cubes on the device, the two buffers to the host (the `to_host` stage), GLB bytes."""
+    def device_mesh(self, values: Tensor, job: GridJob) -> None:
+        """Marching cubes on the device, then the two buffers to the host (the `to_host` stage)."""
         t0 = time.perf_counter()
         verts, faces = device_surface(values, self.shapes.cfg.bounds)
         self._sync()
         t1 = time.perf_counter()
-        host_verts, host_faces = host_mesh(verts, faces)
-        t2 = time.perf_counter()
-        stages["to_host"] = t2 - t1
-        glb = glb_bytes(host_verts, host_faces)
-        return MeshOutput(glb, len(host_verts), len(host_faces), t1 - t0, time.perf_counter() - t2)
+        job.surface = host_mesh(verts, faces)
+        job.stages["to_host"] = time.perf_counter() - t1
+        job.marching_cubes_s = t1 - t0
+
+
+def export_glb(job: GridJob) -> MeshOutput:
+    """GLB bytes of a device-meshed job (in a thread beside the device worker: numpy copies release the GIL)."""
+    t0 = time.perf_counter()
+    verts, faces = job.surface
+    glb = glb_bytes(verts, faces)
+    return MeshOutput(glb, len(verts), len(faces), job.marching_cubes_s, time.perf_counter() - t0)
 
 
 def result_of(job: GridJob, mesh: MeshOutput) -> GenerationResult:

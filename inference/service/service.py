@@ -6,9 +6,9 @@
 
 One worker thread owns the GPU. It takes the oldest request, waits up to `max_batch_wait_ms` for more that can
 share the engine call (same token choice), up to the largest batch bucket, and runs the batch: one feature fetch,
-one text encoding, one `Engine.generate`, then one occupancy grid per object. On a CUDA device marching cubes and
-the GLB export follow on the worker (a few ms); on the host path they run in a worker process (`meshing.MeshPool`)
-while the worker goes on with the next object or batch. A full
+one text encoding, one `Engine.generate`, then one occupancy grid per object. On a CUDA device marching cubes
+follows on the worker (a few ms) and the GLB bytes are written in a thread; on the host path both run in a worker
+process (`meshing.MeshPool`). Either way the worker goes on with the next object or batch. A full
 queue is refused at once (`QueueFullError`, HTTP 429). A request still queued `job_timeout_s` after it arrived is
 dropped before it costs GPU time (`JobExpiredError`): a service that far behind is overloaded, and the caller may be
 long gone. That deadline is the service's, not the caller's: `timeout_s` of a request only says how long an HTTP
@@ -21,7 +21,7 @@ import collections
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from common.errors import shown
@@ -30,7 +30,7 @@ from inference.service.conditioning import AssetFeatureFetcher
 from inference.service.config import ServiceConfig
 from inference.service.meshing import MeshOutput, MeshPool
 from inference.service.metrics import ServiceStats
-from inference.service.pipeline import GenerationRequest, GenerationResult, GridJob, Pipeline, result_of
+from inference.service.pipeline import GenerationRequest, GenerationResult, GridJob, Pipeline, export_glb, result_of
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class GenerationService:
         self._cv = threading.Condition()
         self._closed = False
         self._mesh_pool = None if cfg.meshes_on_device else MeshPool(cfg.mesh_workers)
+        self._glb_threads = ThreadPoolExecutor(cfg.mesh_workers, thread_name_prefix="cube3d-glb")
         self._worker = threading.Thread(target=self._run, name="cube3d-gpu", daemon=True)
         self._worker.start()
 
@@ -147,6 +148,7 @@ class GenerationService:
         self._worker.join(timeout=60)
         if self._mesh_pool is not None:
             self._mesh_pool.shutdown()
+        self._glb_threads.shutdown(wait=True)
         self.fetcher.close()
 
     # ---- the worker --------------------------------------------------------------------------------
@@ -200,13 +202,14 @@ class GenerationService:
         def emit(job: GridJob) -> None:
             job.stages["queue"] = started - job.request.arrived
             future = futures.pop(job.request.id)
-            if job.grid is None:                                # meshed on the device already
-                done: Future = Future()
-                if job.error is not None:
-                    done.set_exception(job.error)
-                else:
-                    done.set_result(job.mesh)
-                self._finish(job, done, future)
+            if job.error is not None:                           # meshing on the device found no surface
+                failed: Future = Future()
+                failed.set_exception(job.error)
+                self._finish(job, failed, future)
+                return
+            if job.grid is None:                                # meshed on the device: the GLB bytes remain
+                self._glb_threads.submit(export_glb, job).add_done_callback(
+                    lambda done: self._finish(job, done, future))
                 return
             self._mesh_pool.submit(job.grid, self.pipeline.shapes.cfg.bounds).add_done_callback(
                 lambda done: self._finish(job, done, future))

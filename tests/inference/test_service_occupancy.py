@@ -52,3 +52,17 @@ def test_dense_path_matches_the_shape_decoders_grid():
 def test_levels_beyond_the_resolution_are_refused():
     with pytest.raises(MeshError, match="`levels` must be within 0..4"):
         coarse_to_fine(bumpy, 4, 1.05, "cpu", levels=5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none; the service compiles "
+                    "the occupancy decoder on CUDA only)")
+def test_the_compiled_occupancy_decoder_computes_the_eager_field():
+    dec = ShapeDecoder("v0.1", None, "cuda", torch.bfloat16, init_std=0.02)
+    ids = torch.randint(0, dec.cfg.num_codes, (dec.cfg.num_latents,), generator=torch.Generator().manual_seed(0))
+    points = torch.rand(100_003, 3, device="cuda") * 2.1 - 1.05                   # an odd count: dynamic shapes
+    with torch.no_grad():
+        eager = shape_field(dec, ids)(points)
+        compiled = shape_field(dec, ids, compiled=True)(points)
+        again = shape_field(dec, ids, compiled=True)(points[:777])
+    assert (compiled - eager).norm() / eager.norm() < 2e-2
+    torch.testing.assert_close(again, compiled[:777], rtol=2e-2, atol=2e-2)

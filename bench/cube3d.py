@@ -188,9 +188,10 @@ def bench_mesh(config: str, device: torch.device, dtype: torch.dtype, ids: torch
 
 def host_mesh_check(grid: torch.Tensor, bounds: float, device_mesh) -> dict[str, Any]:
     """The peer path on the same grid (copy to the host, scikit-image's Lewiner marching cubes, trimesh's GLB),
-    timed, and how far the device surface is from it."""
+    timed, and how far the device surface is from it and from scikit-image's classic method (its table)."""
     import numpy as np
     from scipy.spatial import cKDTree
+    from skimage import measure
 
     from inference.mesh import Mesh, marching_cubes
 
@@ -203,7 +204,11 @@ def host_mesh_check(grid: torch.Tensor, bounds: float, device_mesh) -> dict[str,
     t3 = time.perf_counter()
     cell = 2 * bounds / grid.shape[0]
     dist, _ = cKDTree(verts).query(device_mesh.vertices)
-    return {"to_host_s": round(t1 - t0, 4), "marching_cubes_s": round(t2 - t1, 4), "trimesh_glb_s": round(t3 - t2, 4),
+    classic_verts, classic_faces, _, _ = measure.marching_cubes(host, 0.0, method="lorensen")
+    return {"classic_vertices": len(classic_verts), "classic_faces": len(classic_faces),
+            "device_faces_minus_classic": len(device_mesh.faces) - len(classic_faces),
+            "device_vertices_minus_classic": len(device_mesh.vertices) - len(classic_verts),
+            "to_host_s": round(t1 - t0, 4), "marching_cubes_s": round(t2 - t1, 4), "trimesh_glb_s": round(t3 - t2, 4),
             "vertices": len(verts), "faces": len(faces),
             "device_faces_minus_host_pct": round(100 * (len(device_mesh.faces) - len(faces)) / len(faces), 4),
             "device_vertex_to_host_max_cells": round(float(dist.max()) / cell, 6),

@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from serving.stats import POINTS, LatencyHistogram
 
-STAGES = ("queue", "fetch", "text", "prefill", "decode", "shape_decode", "marching_cubes", "to_host", "meshing", "export",
-          "total")
+STAGES = ("queue", "fetch", "text", "prefill", "decode", "shape_decode", "marching_cubes", "to_host", "meshing",
+          "export", "total")
 OUTCOMES = ("ok", "rejected", "timeout", "failed")
 BOUNDS_US = [1 << k for k in range(6, 27)]            # 64 us .. 67 s: powers of two are exact bucket edges
 

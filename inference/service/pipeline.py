@@ -2,8 +2,9 @@
 
 The GPU work of a batch runs on one thread (the service's worker). On a CUDA device (`mesh_on_device`) the mesh
 is made there too: marching cubes on the grid in device memory, one copy of the vertex and face buffers to the
-host; the service writes the GLB bytes from them in a thread while the worker goes on. Otherwise what follows the occupancy grid (marching
-cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the device takes the next object.
+host; the service writes the GLB bytes from them in a thread while the worker goes on. Otherwise what follows
+the occupancy grid (marching cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the device
+takes the next object.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ from inference.service.pipeline import GenerationRequest, GenerationResult, Grid
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 1000
+# One batch at a time on the device per process: the services of several model versions (a rollout's champion,
+# challenger, and a version warming up) take turns, so a CUDA graph capture never overlaps another's kernels.
+DEVICE_TURN = threading.Lock()
 
 
 class GenerationServiceError(Cube3DError):
@@ -115,6 +118,11 @@ class GenerationService:
             self.stats.queue_depth = len(self._queue)
             self._cv.notify()
         return future
+
+    @property
+    def tokens_per_mesh(self) -> int:
+        """Shape tokens every mesh decodes (a fixed count): what an API key's token budget is charged."""
+        return self.pipeline.engine.cfg.n_generated
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Submit and wait for the outcome (the CLI's and the benchmark's path): the mesh, or the error that ended
@@ -202,7 +210,8 @@ class GenerationService:
                 lambda done: self._finish(job, done, future))
 
         try:
-            self.pipeline.run_batch(requests, emit)
+            with DEVICE_TURN:
+                self.pipeline.run_batch(requests, emit)
         except Exception as exc:  # one bad batch must not stop the worker: its requests fail, the next run
             log.exception("generation batch of %d failed", len(requests))
             for future in futures.values():
@@ -218,5 +227,5 @@ class GenerationService:
             return
         result = result_of(job, done.result())
         result.stages["total"] = time.perf_counter() - job.request.arrived
-        self.stats.record(result.stages)
+        self.stats.record(result.stages, len(result.tokens))
         future.set_result(result)

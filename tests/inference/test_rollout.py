@@ -3,6 +3,7 @@ answer comes from the version that was champion when it was admitted; the A/B sp
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import urllib.error
@@ -26,6 +27,34 @@ def test_ab_split_is_stable_and_within_two_points_of_the_share():
         assert abs(arms.count("challenger") / len(keys) - share) <= 0.02, share
         assert arms == [ab_arm(key, share) for key in keys]                     # the same key, the same arm
     assert [ab_arm(f"asset_{i:06d}", 0.1) for i in range(2000)].count("challenger") == pytest.approx(200, abs=40)
+
+
+def test_a_rollout_without_a_champion_refuses_to_start():
+    from inference.registry import ModelRegistryError
+    from inference.service import ServiceConfig
+    from inference.service.rollout import Rollout
+
+    def build(cfg):
+        raise AssertionError("nothing to build without a champion")
+
+    with pytest.raises(ModelRegistryError, match="no champion to serve"):
+        Rollout(ServiceConfig.from_name("tiny"), lambda alias: None, build)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ab", "challenger=0.1"], "add --model models:/NAME@champion"),
+    (["--model", "models:/m@champion", "--ab", "challenger=1.5"], "e.g. challenger=0.1"),
+    (["--model", "models:/m@challenger"], "a server follows the champion"),
+    (["--model", "m"], "is not a model alias URI"),
+])
+def test_generate_server_rollout_options_are_checked_before_anything_loads(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from featurectl.cli import Context
+    from featurectl.generate_commands import generate_server
+
+    result = CliRunner().invoke(generate_server, ["--config", "tiny", *args], obj=Context(tmp_path, None))
+    assert result.exit_code == 2 and message in result.output, result.output
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +94,8 @@ def _rollout(repo: Path, ab_share: float = 0.0, shadow_share: float = 0.0, poll_
     return Rollout(cfg, lambda alias: registry.resolve("m", alias), build, ab_share, shadow_share, poll_s)
 
 
-def test_requests_admitted_before_a_switch_finish_on_the_old_version(registry_repo):
+def test_requests_admitted_before_a_switch_finish_on_the_old_version(registry_repo, tiny_checkpoints):
+    from inference.registry import verify_checkpoint
     from inference.service import GenerationRequest
 
     registry = _registry(registry_repo)
@@ -89,6 +119,17 @@ def test_requests_admitted_before_a_switch_finish_on_the_old_version(registry_re
         again = rollout.submit(GenerationRequest("a chair 0", seed=0)).result(60)
         assert again.model_version == "m/1" and again.tokens == before[0].result().tokens
         assert again.tokens != after[0].result().tokens
+
+        # a version whose file changed after registration is refused; the champion keeps serving
+        changed = registry_repo.parent / "changed.safetensors"
+        shutil.copyfile(tiny_checkpoints[1], changed)
+        version = registry.register("m", verify_checkpoint(changed)).version
+        changed.write_bytes(tiny_checkpoints[0].read_bytes())
+        registry.promote("m", version, "champion")
+        rollout.poll()
+        assert rollout.versions() == {"champion": "m/1"}
+        assert rollout.submit(GenerationRequest("a chair 0", seed=0)).result(60).model_version == "m/1"
+        registry.rollback("m")
     finally:
         rollout.close()
 

@@ -44,6 +44,7 @@ class GenerationRequest:
     arrived: float = field(default_factory=time.perf_counter)
     client_id: str | None = None             # the caller's X-Request-ID: the A/B split's key when given
     model_version: str | None = None         # `NAME/VERSION` of the registered model that admitted it, if any
+    shadow: bool = False                     # a rollout's shadow copy: counted apart, its result never returned
 
     @property
     def batch_key(self) -> float | None:

@@ -207,7 +207,7 @@ class Rollout:
             self._shadow(shadowed, future.result())
 
     def _shadow(self, request: GenerationRequest, answered: GenerationResult) -> None:
-        copy = GenerationRequest(request.prompt, request.asset_id, request.seed, request.top_p)
+        copy = GenerationRequest(request.prompt, request.asset_id, request.seed, request.top_p, shadow=True)
         with self._lock:
             version = self._arms.get("challenger")
             if version is None or self._served[version].version.label == answered.model_version:
@@ -247,15 +247,21 @@ class RolloutStats:
         self.rollout = rollout
 
     def series(self) -> list[tuple[dict[str, str], ServiceStats]]:
+        """(labels, stats) per served version, and its shadow copies' as arm `shadow` once it ran any."""
         r = self.rollout
         with r._lock:
             served = [(s, "+".join(a for a, v in r._arms.items() if v == s.version.version) or "retired")
                       for s in [*r._served.values(), *r._retiring]]
-        return [({"arm": arm, "version": s.version.label}, s.service.stats) for s, arm in served]
+        out = []
+        for s, arm in served:
+            out.append(({"arm": arm, "version": s.version.label}, s.service.stats))
+            if any(s.service.shadow_stats.outcomes.values()):
+                out.append(({"arm": "shadow", "version": s.version.label}, s.service.shadow_stats))
+        return out
 
     def exposition(self) -> bytes:
         return exposition(self.series, self.rollout.shadow)
 
     def summary(self) -> dict:
-        arms = {labels["version"]: {"arm": labels["arm"], **stats.summary()} for labels, stats in self.series()}
-        return {"versions": arms, "aliases": self.rollout.versions(), "shadow": self.rollout.shadow.summary()}
+        series = [{**labels, **stats.summary()} for labels, stats in self.series()]
+        return {"series": series, "aliases": self.rollout.versions(), "shadow": self.rollout.shadow.summary()}

@@ -94,6 +94,7 @@ class GenerationService:
         self.pipeline.fetcher = self.fetcher
         self.stats = ServiceStats()
         self.stats.fallbacks = self.fetcher.fallbacks
+        self.shadow_stats = ServiceStats()                      # shadow copies (`request.shadow`), kept apart
         self.max_batch = max(cfg.batch_buckets)
         self._queue: collections.deque[tuple[GenerationRequest, Future]] = collections.deque()
         self._cv = threading.Condition()
@@ -111,7 +112,7 @@ class GenerationService:
             if self._closed:
                 raise ServiceClosedError("the generation service is shutting down; retry on another instance")
             if len(self._queue) >= self.cfg.queue_size:
-                self.stats.count("rejected")
+                self.stats_of(request).count("rejected")
                 raise QueueFullError(f"the generation queue is full ({self.cfg.queue_size} requests waiting); "
                                      "retry in a few seconds, or start the service with a larger `queue_size`")
             self._queue.append((request, future))
@@ -138,10 +139,14 @@ class GenerationService:
                         for i in range(bucket)]
             for future in [self.submit(r) for r in requests]:
                 future.result()
-        self.stats = ServiceStats()
+        self.stats, self.shadow_stats = ServiceStats(), ServiceStats()
         self.fetcher.fallbacks.update(dict.fromkeys(self.fetcher.fallbacks, 0))
         self.stats.fallbacks = self.fetcher.fallbacks
         log.info("warmed up in %.1fs", time.perf_counter() - t0)
+
+    def stats_of(self, request: GenerationRequest) -> ServiceStats:
+        """Where a request's outcome and stage times go: shadow copies apart from the traffic callers see."""
+        return self.shadow_stats if request.shadow else self.stats
 
     def close(self) -> None:
         with self._cv:
@@ -188,7 +193,7 @@ class GenerationService:
             for request, future in batch:
                 waited = now - request.arrived
                 if waited > self.cfg.job_timeout_s:
-                    self.stats.count("timeout")
+                    self.stats_of(request).count("timeout")
                     future.set_exception(JobExpiredError(
                         f"request `{request.id}` waited {waited:.1f}s in the queue, past the service's "
                         f"{self.cfg.job_timeout_s:g}s `job_timeout_s`, and was dropped unrun: the service is "
@@ -214,18 +219,19 @@ class GenerationService:
                 self.pipeline.run_batch(requests, emit)
         except Exception as exc:  # one bad batch must not stop the worker: its requests fail, the next run
             log.exception("generation batch of %d failed", len(requests))
-            for future in futures.values():
-                self.stats.count("failed")
-                future.set_exception(exc if isinstance(exc, Cube3DError)
-                                     else GenerationServiceError(f"generation failed: {exc}"))
+            for request in requests:
+                if request.id in futures:
+                    self.stats_of(request).count("failed")
+                    futures[request.id].set_exception(exc if isinstance(exc, Cube3DError)
+                                                      else GenerationServiceError(f"generation failed: {exc}"))
 
     def _finish(self, job: GridJob, done: "Future[MeshOutput]", future: Future) -> None:
         exc = done.exception()
         if exc is not None:  # e.g. MeshError: the tokens decode to an empty volume
-            self.stats.count("failed")
+            self.stats_of(job.request).count("failed")
             future.set_exception(exc)
             return
         result = result_of(job, done.result())
         result.stages["total"] = time.perf_counter() - job.request.arrived
-        self.stats.record(result.stages, len(result.tokens))
+        self.stats_of(job.request).record(result.stages, len(result.tokens))
         future.set_result(result)

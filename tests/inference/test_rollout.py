@@ -156,6 +156,7 @@ def test_shadow_copies_run_on_the_challenger_and_are_never_returned(registry_rep
         assert 'cube3d_shadow_requests_total{outcome="compared",version="m/2"} 4.0' in text
         assert 'cube3d_shadow_token_agreement{version="m/2"}' in text
         assert 'cube3d_requests_total{arm="champion",outcome="ok",version="m/1"}' in text
+        assert 'cube3d_requests_total{arm="shadow",outcome="ok",version="m/2"} 4.0' in text     # apart from A/B
     finally:
         rollout.close()
 
@@ -241,5 +242,7 @@ def test_generate_server_splits_ab_by_request_id_and_labels_metrics(registry_rep
     champion_share = sum(ab_arm(k, 0.5) == "champion" for k in keys)
     assert 0 < champion_share < len(keys)
     assert f'cube3d_requests_total{{arm="champion",outcome="ok",version="m/1"}} {champion_share}.0' in text
+    challenger_share = len(keys) - champion_share              # the shadow copies are counted apart
+    assert f'cube3d_requests_total{{arm="challenger",outcome="ok",version="m/2"}} {challenger_share}.0' in text
     assert 'cube3d_generated_tokens_total{arm="challenger",version="m/2"}' in text
     assert 'cube3d_stage_duration_seconds_count{arm="challenger",stage="decode",version="m/2"}' in text

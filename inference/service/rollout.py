@@ -17,14 +17,17 @@ Every result and job names the version that answered (`model_version`, `NAME/VER
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
+
+import torch
 
 from inference.registry import ModelRegistryError, ModelVersion
 from inference.registry.checkpoint_check import file_sha256
@@ -54,10 +57,18 @@ def ab_arm(key: str, challenger_share: float) -> str:
 
 
 @dataclass
+class _Admitted:
+    """Requests a version admitted and that have not settled (shadow copies included). The futures' callbacks
+    hold this, not the version's service, so a retired version's models can be freed while its jobs are kept."""
+
+    count: int = 0
+
+
+@dataclass
 class _Served:
     version: ModelVersion
     service: GenerationService
-    inflight: int = 0                         # admitted and not yet settled (shadow copies included)
+    admitted: _Admitted = field(default_factory=_Admitted)
 
 
 class Rollout:
@@ -118,10 +129,11 @@ class Rollout:
             served = self._served[self._arms[arm]]
             request.model_version = served.version.label
             future = served.service.submit(request)
-            served.inflight += 1
+            served.admitted.count += 1
+            admitted = served.admitted
         shadowed = arm == "champion" and self.shadow_share and \
             share_of(request_key(request), SHADOW_SALT) < self.shadow_share
-        future.add_done_callback(partial(self._settled, served, request if shadowed else None))
+        future.add_done_callback(partial(self._settled, admitted, request if shadowed else None))
         return future
 
     def close(self) -> None:
@@ -189,19 +201,21 @@ class Rollout:
             threading.Thread(target=self._retire, args=(s,), name="model-retire", daemon=True).start()
 
     def _retire(self, served: _Served) -> None:
-        """Close a version nobody routes to once the requests it admitted have settled."""
+        """Close a version nobody routes to once the requests it admitted have settled, and free its memory."""
         with self._lock:
-            while served.inflight:
+            while served.admitted.count:
                 self._lock.wait()
         served.service.close()
         with self._lock:
             self._retiring.remove(served)
         log.info("%s retired", served.version.label)
+        del served
+        _release_memory()
 
     # ---- settling and shadow copies ---------------------------------------------------------------
-    def _settled(self, served: _Served, shadowed: Optional[GenerationRequest], future: Future) -> None:
+    def _settled(self, admitted: _Admitted, shadowed: Optional[GenerationRequest], future: Future) -> None:
         with self._lock:
-            served.inflight -= 1
+            admitted.count -= 1
             self._lock.notify_all()
         if shadowed is not None and not future.cancelled() and future.exception() is None:
             self._shadow(shadowed, future.result())
@@ -219,12 +233,12 @@ class Rollout:
             except GenerationServiceError:  # its queue is full: the shadow is skipped, never waited for
                 self.shadow.count(label, "dropped")
                 return
-            served.inflight += 1
-        future.add_done_callback(partial(self._shadow_done, served, answered))
+            served.admitted.count += 1
+            admitted = served.admitted
+        future.add_done_callback(partial(self._shadow_done, admitted, label, answered))
 
-    def _shadow_done(self, served: _Served, answered: GenerationResult, future: Future) -> None:
-        self._settled(served, None, future)
-        label = served.version.label
+    def _shadow_done(self, admitted: _Admitted, label: str, answered: GenerationResult, future: Future) -> None:
+        self._settled(admitted, None, future)
         if future.cancelled() or future.exception() is not None:
             self.shadow.count(label, "failed")
             return
@@ -238,6 +252,19 @@ class Rollout:
             self.shadow.count(label, "failed")
             return
         self.shadow.compared(label, shadow.stages["total"], measured)
+
+
+def _release_memory() -> None:
+    """Free a retired version's models now: they sit in reference cycles, and a server freezes what exists after
+    each start-up out of the collector's reach (`gc.freeze`), so thaw, collect, freeze again."""
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    gc.collect()
+    if frozen:
+        gc.freeze()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()                  # the freed blocks back to the driver, for the next version
 
 
 class RolloutStats:

@@ -3,11 +3,13 @@ answer comes from the version that was champion when it was admitted; the A/B sp
 
 from __future__ import annotations
 
+import gc
 import shutil
 import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 
 import orjson
@@ -102,7 +104,7 @@ def test_requests_admitted_before_a_switch_finish_on_the_old_version(registry_re
     rollout = _rollout(registry_repo)
     try:
         before = [rollout.submit(GenerationRequest(f"a chair {i}", seed=i)) for i in range(6)]
-        old = rollout.champion
+        old = weakref.ref(rollout.champion)
         registry.promote("m", 2, "champion")
         rollout.poll()                                    # builds and warms version 2, then switches
         after = [rollout.submit(GenerationRequest(f"a chair {i}", seed=i)) for i in range(6)]
@@ -110,9 +112,10 @@ def test_requests_admitted_before_a_switch_finish_on_the_old_version(registry_re
         assert [f.result(60).model_version for f in after] == ["m/2"] * 6
         assert rollout.versions() == {"champion": "m/2"}
         deadline = time.monotonic() + 30
-        while not old._closed:                            # retired once what it admitted has settled
-            assert time.monotonic() < deadline, "version 1 was not closed after its requests settled"
+        while old() is not None:                          # retired once what it admitted settled, and freed
+            assert time.monotonic() < deadline, "version 1 was not closed and freed after its requests settled"
             time.sleep(0.05)
+            gc.collect()
         # the same request answered by each version: different weights, different tokens
         registry.rollback("m")
         rollout.poll()

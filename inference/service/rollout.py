@@ -21,6 +21,7 @@ import gc
 import hashlib
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -176,7 +177,9 @@ class Rollout:
             if file_sha256(Path(version.source)) != version.sha256:
                 raise ModelRegistryError(f"`{version.source}` changed since it was registered (SHA-256 differs); "
                                          "register the new file as a new version")
+            started = time.perf_counter()
             service = self.build(replace(self.base_cfg, model=version.config, gpt_weights=version.source))
+            log.info("%s loaded and warmed up in %.1fs", version.label, time.perf_counter() - started)
         except Exception as exc:  # missing or changed file, wrong config: keep serving the loaded version
             self._skipped[alias] = version.version
             log.error("cannot load %s for @%s (%s); still serving %s", version.label, alias, exc,

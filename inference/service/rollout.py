@@ -245,7 +245,10 @@ class Rollout:
         if future.cancelled() or future.exception() is not None:
             self.shadow.count(label, "failed")
             return
-        self._compare.submit(self._compare_results, label, answered, future.result())
+        try:
+            self._compare.submit(self._compare_results, label, answered, future.result())
+        except RuntimeError:  # the rollout is closing: the comparison is not needed any more
+            log.debug("shadow comparison of %s skipped: shutting down", label)
 
     def _compare_results(self, label: str, answered: GenerationResult, shadow: GenerationResult) -> None:
         try:

@@ -63,6 +63,44 @@ def build_service(project, cfg, warm_up: bool):
     return service
 
 
+def build_rollout(project, cfg, model_uri: str, ab_share: float, shadow_share: float, poll_s: float):
+    """The versions of a registered model behind one app: the champion, an A/B or shadow challenger, followed."""
+    from inference.registry import ModelRegistry, parse_model_uri
+    from inference.service.rollout import Rollout
+
+    name, _ = parse_model_uri(model_uri)
+    registry = ModelRegistry(project.registry_url)
+    return Rollout(cfg, lambda alias: registry.resolve(name, alias), lambda c: build_service(project, c, True),
+                   ab_share, shadow_share, poll_s)
+
+
+def _ab_share(ctx, param, value: Optional[str]) -> float:
+    """`challenger=0.1` -> 0.1."""
+    if value is None:
+        return 0.0
+    alias, _, share = value.partition("=")
+    try:
+        number = float(share)
+    except ValueError:
+        number = -1.0
+    if alias != "challenger" or not 0 < number < 1:
+        raise click.BadParameter(f"`{value}`: give the challenger's share of traffic, e.g. challenger=0.1")
+    return number
+
+
+def _model_uri(ctx, param, value: Optional[str]) -> Optional[str]:
+    from inference.registry import ModelRegistryError, parse_model_uri
+
+    if value is not None:
+        try:
+            if parse_model_uri(value)[1] != "champion":
+                raise ModelRegistryError(f"`{value}`: a server follows the champion (models:/NAME@champion); "
+                                         "--ab and --shadow bring in the challenger")
+        except ModelRegistryError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def stage_table(summary: dict) -> str:
     """The per-stage P50/P99 table of `ServiceStats.summary()`, in milliseconds."""
     lines = [f"{'stage':<14} {'count':>6} {'p50 ms':>10} {'p99 ms':>10}"]
@@ -143,22 +181,44 @@ def generate(ctx, prompt: str, asset_id: Optional[str], out: Path, seed: int, to
 @click.option("--require-api-key/--no-require-api-key", default=None,
               help="ask POST /generate and GET /jobs/ID for an API key (`featurectl keys`); default: "
                    "platform.auth.enabled in feature_store.yaml (off in the example repo)")
+@click.option("--model", "model_uri", default=None, callback=_model_uri,
+              help="serve a registered model, models:/NAME@champion, following its promotions and rollbacks "
+                   "without a restart (instead of --gpt-weights)")
+@click.option("--ab", "ab_share", default=None, callback=_ab_share, metavar="challenger=SHARE",
+              help="with --model: send this share of requests (by a stable hash of X-Request-ID, else the asset "
+                   "id) to the challenger")
+@click.option("--shadow", "shadow_share", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="with --model: run this share of the champion's requests again on the challenger, after "
+                   "answering, and record latency and agreement in /metrics (never returned)")
+@click.option("--poll-s", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
+              help="with --model: seconds between reads of the model's aliases")
 @_model_options
 @click.pass_obj
 def generate_server(ctx, host: str, port: int, queue_size: Optional[int], timeout_s: Optional[float],
-                    job_timeout_s: Optional[float], require_api_key: Optional[bool], config_name: str,
+                    job_timeout_s: Optional[float], require_api_key: Optional[bool], model_uri: Optional[str],
+                    ab_share: float, shadow_share: Optional[float], poll_s: float, config_name: str,
                     **overrides: Any) -> None:
     """Serve POST /generate (mesh or job id), GET /jobs/ID, /metrics, /stats over HTTP."""
     from inference.service.http_app import serve
     from serving.gateway import Gateway
 
+    if model_uri is None and (ab_share or shadow_share):
+        raise click.UsageError("--ab and --shadow split traffic between versions of a registered model: add "
+                               "--model models:/NAME@champion")
+    if model_uri is not None and overrides.get("gpt_weights"):
+        raise click.UsageError("--model takes the decoder weights from the registry: leave out --gpt-weights")
     cfg = service_config(config_name, queue_size=queue_size, timeout_s=timeout_s, job_timeout_s=job_timeout_s,
                          **overrides)
     project = ctx.config()
     auth = project.platform.auth
     required = auth.enabled if require_api_key is None else require_api_key
     make_gateway = (lambda: Gateway.open(project.registry_url, project.project, auth.refresh_s)) if required else None
-    serve(lambda: build_service(project, cfg, warm_up=True), host, port, make_gateway, project.platform.http)
+    if model_uri is None:
+        make_service = functools.partial(build_service, project, cfg, True)
+    else:
+        make_service = functools.partial(build_rollout, project, cfg, model_uri, ab_share, shadow_share or 0.0,
+                                         poll_s)
+    serve(make_service, host, port, make_gateway, project.platform.http)
 
 
 COMMANDS = [generate, generate_server]

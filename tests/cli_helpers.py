@@ -11,11 +11,12 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import yaml
 
@@ -121,3 +122,27 @@ def _answers_ok(url: str) -> bool:
             return reply.status == 200
     except OSError:  # refused, not up yet, or an HTTP error status
         return False
+
+
+@contextlib.contextmanager
+def generation_app_in_thread(make_service: Callable[[], Any], start_s: float = 60) -> Iterator[str]:
+    """The generation HTTP app over `make_service()` (a service or a rollout), served by uvicorn in a thread of
+    this process; yields its base URL."""
+    import uvicorn
+
+    from inference.service.http_app import GenerationApp, server_config
+
+    port = free_port()
+    server = uvicorn.Server(server_config(GenerationApp(make_service), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_s
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the generation HTTP server did not start in {start_s:g} s")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -17,6 +17,10 @@
   tokens (512 for v0.1) from the key's per-minute budget, charged when the request is accepted and given back
   if the queue refuses it (429 with `Retry-After`) or the generation fails. A job is visible only to the key that
   submitted it.
+- Served from the model registry (`inference.service.rollout`): the mesh's `X-Model-Version` header and the
+  `model_version` field of job bodies name the version (`NAME/VERSION`) that admitted the request; `/ready`
+  lists the versions under each alias; `/metrics` has a series per version (`arm`, `version` labels) and the
+  shadow comparisons. The caller's `X-Request-ID` is the A/B split's key when given.
 - Connections are `serving.http_protocol`'s, as the feature server's: the same limits (414, 431, 408, 413 past
   `MAX_BODY_BYTES`), flow control and timeouts, from `platform.http`.
 """
@@ -36,6 +40,7 @@ from common.config import HttpSettings
 from inference.errors import Cube3DError, MeshError
 from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
+from inference.service.rollout import Rollout
 from inference.service.service import BadRequestError, GenerationService, JobExpiredError, GenerationServiceError
 from serving.api_keys import ApiKey
 from serving.asgi import answer_http
@@ -75,10 +80,12 @@ def _consume(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _job(request_id: str, future: Future, detail: Optional[str] = None) -> Reply:
+def _job(request: GenerationRequest, future: Future, detail: Optional[str] = None) -> Reply:
     """202: the job is queued or running; `detail` says why the caller got a job id rather than the mesh."""
-    poll = f"/jobs/{request_id}"
-    body = {"job_id": request_id, "status": "running" if future.running() else "queued", "poll": poll}
+    poll = f"/jobs/{request.id}"
+    body = {"job_id": request.id, "status": "running" if future.running() else "queued", "poll": poll}
+    if request.model_version is not None:
+        body["model_version"] = request.model_version
     if detail is not None:
         body["detail"] = detail
     return 202, orjson.dumps(body), JSON, [(b"location", poll.encode())]
@@ -90,6 +97,8 @@ def _mesh(result: GenerationResult) -> Reply:
                (b"x-batch-size", b"%d" % result.batch_size)]
     if result.fallback:
         headers.append((b"x-feature-fallback", result.fallback.encode()))
+    if result.model_version:
+        headers.append((b"x-model-version", result.model_version.encode()))
     return 200, result.glb, GLB, headers
 
 
@@ -120,12 +129,12 @@ class GenerationApp:
 
     max_body_bytes = MAX_BODY_BYTES
 
-    def __init__(self, make_service: Callable[[], GenerationService],
+    def __init__(self, make_service: Callable[[], Union[GenerationService, Rollout]],
                  make_gateway: Optional[Callable[[], Gateway]] = None, http: Optional[HttpSettings] = None):
         self.http = http or HttpSettings()
         self.make_service = make_service
         self.make_gateway = make_gateway  # None: no API keys asked; else checked on /generate and /jobs
-        self.service: Optional[GenerationService] = None
+        self.service: Optional[Union[GenerationService, Rollout]] = None
         self.gateway: Optional[Gateway] = None
         # job id -> (request, future, id of the key that submitted it, None without keys)
         self.jobs: collections.OrderedDict[str, tuple[GenerationRequest, Future, Optional[str]]] = \
@@ -143,13 +152,13 @@ class GenerationApp:
     async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
                       request_id: Optional[str] = None) -> Reply:
         """The reply to one request; `body` None: it was over `MAX_BODY_BYTES`. (`request_id`, the client's
-        `X-Request-ID`, is for feature logging, which generation does not do.)"""
+        `X-Request-ID`, is the A/B split's key for a rollout.)"""
         try:
             if path == "/generate":
                 if method != "POST":
                     return _error(405, "/generate takes POST with a JSON body", "method_not_allowed",
                                   [(b"allow", b"POST")])
-                return await self.generate(body, api_key)
+                return await self.generate(body, api_key, request_id)
             if path.startswith("/jobs/") or path in self.routes:
                 if method not in ("GET", "HEAD"):
                     return _error(405, f"{path} takes GET", "method_not_allowed", [(b"allow", b"GET, HEAD")])
@@ -162,7 +171,8 @@ class GenerationApp:
         return _error(404, f"no endpoint {method} {path}; endpoints: POST /generate, GET /jobs/ID, /health, "
                            "/ready, /metrics, /stats, /openapi.json", "not_found")
 
-    async def generate(self, body: Optional[bytes], api_key: Optional[str] = None) -> Reply:
+    async def generate(self, body: Optional[bytes], api_key: Optional[str] = None,
+                       request_id: Optional[str] = None) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading; retry in a few seconds", "starting")
         key = self.gateway.identify(api_key) if self.gateway is not None else None
@@ -172,6 +182,7 @@ class GenerationApp:
             return _error(413, f"request body over {MAX_BODY_BYTES} bytes; send a shorter prompt", "body_too_large")
         try:
             request, wants_job = parse_body(body)
+            request.client_id = request_id
             future = self._submit(self.service, request, key)
         except GenerationServiceError as exc:
             return _failure(exc)
@@ -180,7 +191,7 @@ class GenerationApp:
         owner = key.key_id if key is not None else None
         if wants_job:
             self._remember(request, future, owner)
-            return _job(request.id, future)
+            return _job(request, future)
         wait_s = request.timeout_s or self.service.cfg.timeout_s
         left = request.arrived + wait_s - time.perf_counter()
         try:
@@ -191,19 +202,19 @@ class GenerationApp:
             result = await asyncio.wait_for(asyncio.shield(waiting), max(0.0, left))
         except asyncio.TimeoutError:  # the caller's wait is over, not the job: it goes on, to be polled
             self._remember(request, future, owner)
-            return _job(request.id, future, f"the mesh was not ready within {wait_s:g}s (`timeout_s`); it is still "
+            return _job(request, future, f"the mesh was not ready within {wait_s:g}s (`timeout_s`); it is still "
                                             f"being made: poll /jobs/{request.id}")
         except Exception as exc:  # the service's own errors, mapped to their status
             return _failure(exc)
         return _mesh(result)
 
-    def _submit(self, service: GenerationService, request: GenerationRequest,
+    def _submit(self, service: Union[GenerationService, Rollout], request: GenerationRequest,
                 key: Optional[ApiKey]) -> Union[Future, Refusal]:
         """Queue the request, first charging the key's token budget: given back if the queue refuses it or the
         generation fails (expired in the queue, no surface, an error), so a key pays only for meshes made."""
         if key is None or self.gateway is None:
             return service.submit(request)
-        cost = service.pipeline.engine.cfg.n_generated  # every mesh decodes this fixed number of shape tokens
+        cost = service.tokens_per_mesh
         gateway = self.gateway
         refusal = gateway.admit(key, service.cfg.feature_service, TOKENS, cost)
         if refusal is not None:
@@ -238,9 +249,9 @@ class GenerationApp:
         if entry is None or (key is not None and entry[2] != key.key_id):
             return _error(404, f"no job `{job_id}`: unknown, one of the {MAX_JOBS} newest jobs replaced it, or "
                                "submitted with another key", "unknown_job")
-        _, future, _ = entry
+        request, future, _ = entry
         if not future.done():
-            return _job(job_id, future)
+            return _job(request, future)
         exc = future.exception()
         if isinstance(exc, JobExpiredError):  # never to run: gone; a 503's Retry-After would promise this URL a mesh
             return _error(410, str(exc), exc.code)
@@ -255,7 +266,10 @@ class GenerationApp:
     async def ready(self) -> Reply:
         if self.service is None:
             return _error(503, "the models are still loading", "starting")
-        return 200, orjson.dumps({"status": "ready", "model": self.service.cfg.model}), JSON, []
+        body = {"status": "ready", "model": self.service.cfg.model}
+        if isinstance(self.service, Rollout):
+            body["versions"] = self.service.versions()
+        return 200, orjson.dumps(body), JSON, []
 
     async def metrics(self) -> Reply:
         if self.service is None:
@@ -296,7 +310,7 @@ def server_config(app: GenerationApp, host: str = "127.0.0.1", port: int = 6570,
                           http="serving.http_protocol:HttpProtocol")
 
 
-def serve(make_service: Callable[[], GenerationService], host: str = "127.0.0.1", port: int = 6570,
+def serve(make_service: Callable[[], Union[GenerationService, Rollout]], host: str = "127.0.0.1", port: int = 6570,
           make_gateway: Optional[Callable[[], Gateway]] = None, http: Optional[HttpSettings] = None) -> None:
     """Serve until interrupted: one process (one GPU), uvicorn over the app; API keys when `make_gateway`."""
     import uvicorn

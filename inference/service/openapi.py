@@ -23,7 +23,9 @@ _REQUEST = {
 }
 _JOB = {"type": "object", "required": ["job_id", "status", "poll"], "properties": {
     "job_id": {"type": "string"}, "status": {"enum": ["queued", "running"]}, "poll": {"type": "string"},
-    "detail": {"type": "string", "description": "why a job id rather than the mesh: `timeout_s` passed first"}}}
+    "detail": {"type": "string", "description": "why a job id rather than the mesh: `timeout_s` passed first"},
+    "model_version": {"type": "string", "description": "the registered model version (NAME/VERSION) that admitted "
+                                                       "the job, when the server serves models:/NAME@champion"}}}
 _LOCATION = {"Location": {"description": "the job's poll URL", "schema": {"type": "string"}}}
 
 

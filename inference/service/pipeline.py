@@ -48,6 +48,9 @@ class GenerationRequest:
     timeout_s: float | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     arrived: float = field(default_factory=time.perf_counter)
+    client_id: str | None = None             # the caller's X-Request-ID: the A/B split's key when given
+    model_version: str | None = None         # `NAME/VERSION` of the registered model that admitted it, if any
+    shadow: bool = False                     # a rollout's shadow copy: counted apart, its result never returned
 
     @property
     def batch_key(self) -> float | None:
@@ -65,6 +68,8 @@ class GenerationResult:
     bbox: list[float] | None                 # the bbox condition used (None: none, or the zero fallback)
     fallback: str | None                     # why asset features were not used, if they were not
     batch_size: int = 1
+    tokens: list[int] = field(default_factory=list)   # the generated shape tokens (shadow runs compare them)
+    model_version: str | None = None         # `NAME/VERSION` that answered, when served from the model registry
 
 
 @dataclass
@@ -82,6 +87,7 @@ class GridJob:
     surface: tuple[np.ndarray, np.ndarray] | None = None   # device path: vertices, faces on the host
     marching_cubes_s: float = 0.0
     error: MeshError | None = None
+    tokens: list[int] = field(default_factory=list)
 
 
 class Pipeline:
@@ -156,8 +162,10 @@ class Pipeline:
         ids = self.engine.generate(cond, self.uncond, top_p=requests[0].top_p, seed=[r.seed for r in requests])
         stats = self.engine.last_stats
         stages["prefill"], stages["decode"] = stats.prefill_s, stats.decode_s
+        tokens = ids.tolist()
         for i, request in enumerate(requests):
             job = self.occupancy(request, ids[i], dict(stages), features[i], boxes[i], len(requests))
+            job.tokens = tokens[i]
             emit(job)
 
     @torch.no_grad()
@@ -210,4 +218,4 @@ def result_of(job: GridJob, mesh: MeshOutput) -> GenerationResult:
     stages["export"] = mesh.export_s
     fallback = job.features.fallback if job.features else None
     return GenerationResult(job.request.id, mesh.glb, mesh.vertices, mesh.faces, stages, job.bbox, fallback,
-                            job.batch_size)
+                            job.batch_size, job.tokens, job.request.model_version)

@@ -35,6 +35,9 @@ from inference.service.pipeline import GenerationRequest, GenerationResult, Grid
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 1000
+# One batch at a time on the device per process: the services of several model versions (a rollout's champion,
+# challenger, and a version warming up) take turns, so a CUDA graph capture never overlaps another's kernels.
+DEVICE_TURN = threading.Lock()
 
 
 class GenerationServiceError(Cube3DError):
@@ -92,6 +95,7 @@ class GenerationService:
         self.pipeline.fetcher = self.fetcher
         self.stats = ServiceStats()
         self.stats.fallbacks = self.fetcher.fallbacks
+        self.shadow_stats = ServiceStats()                      # shadow copies (`request.shadow`), kept apart
         self.max_batch = max(cfg.batch_buckets)
         self._queue: collections.deque[tuple[GenerationRequest, Future]] = collections.deque()
         self._cv = threading.Condition()
@@ -110,13 +114,18 @@ class GenerationService:
             if self._closed:
                 raise ServiceClosedError("the generation service is shutting down; retry on another instance")
             if len(self._queue) >= self.cfg.queue_size:
-                self.stats.count("rejected")
+                self.stats_of(request).count("rejected")
                 raise QueueFullError(f"the generation queue is full ({self.cfg.queue_size} requests waiting); "
                                      "retry in a few seconds, or start the service with a larger `queue_size`")
             self._queue.append((request, future))
             self.stats.queue_depth = len(self._queue)
             self._cv.notify()
         return future
+
+    @property
+    def tokens_per_mesh(self) -> int:
+        """Shape tokens every mesh decodes (a fixed count): what an API key's token budget is charged."""
+        return self.pipeline.engine.cfg.n_generated
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Submit and wait for the outcome (the CLI's and the benchmark's path): the mesh, or the error that ended
@@ -132,10 +141,14 @@ class GenerationService:
                         for i in range(bucket)]
             for future in [self.submit(r) for r in requests]:
                 future.result()
-        self.stats = ServiceStats()
+        self.stats, self.shadow_stats = ServiceStats(), ServiceStats()
         self.fetcher.fallbacks.update(dict.fromkeys(self.fetcher.fallbacks, 0))
         self.stats.fallbacks = self.fetcher.fallbacks
         log.info("warmed up in %.1fs", time.perf_counter() - t0)
+
+    def stats_of(self, request: GenerationRequest) -> ServiceStats:
+        """Where a request's outcome and stage times go: shadow copies apart from the traffic callers see."""
+        return self.shadow_stats if request.shadow else self.stats
 
     def close(self) -> None:
         with self._cv:
@@ -184,7 +197,7 @@ class GenerationService:
             for request, future in batch:
                 waited = now - request.arrived
                 if waited > self.cfg.job_timeout_s:
-                    self.stats.count("timeout")
+                    self.stats_of(request).count("timeout")
                     future.set_exception(JobExpiredError(
                         f"request `{request.id}` waited {waited:.1f}s in the queue, past the service's "
                         f"{self.cfg.job_timeout_s:g}s `job_timeout_s`, and was dropped unrun: the service is "
@@ -215,21 +228,23 @@ class GenerationService:
                 lambda done: self._finish(job, done, future))
 
         try:
-            self.pipeline.run_batch(requests, emit)
+            with DEVICE_TURN:
+                self.pipeline.run_batch(requests, emit)
         except Exception as exc:  # one bad batch must not stop the worker: its requests fail, the next run
             log.exception("generation batch of %d failed", len(requests))
-            for future in futures.values():
-                self.stats.count("failed")
-                future.set_exception(exc if isinstance(exc, Cube3DError)
-                                     else GenerationServiceError(f"generation failed: {exc}"))
+            for request in requests:
+                if request.id in futures:
+                    self.stats_of(request).count("failed")
+                    futures[request.id].set_exception(exc if isinstance(exc, Cube3DError)
+                                                      else GenerationServiceError(f"generation failed: {exc}"))
 
     def _finish(self, job: GridJob, done: "Future[MeshOutput]", future: Future) -> None:
         exc = done.exception()
         if exc is not None:  # e.g. MeshError: the tokens decode to an empty volume
-            self.stats.count("failed")
+            self.stats_of(job.request).count("failed")
             future.set_exception(exc)
             return
         result = result_of(job, done.result())
         result.stages["total"] = time.perf_counter() - job.request.arrived
-        self.stats.record(result.stages)
+        self.stats_of(job.request).record(result.stages, len(result.tokens))
         future.set_result(result)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-import contextlib
 import datetime as dt
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from cli_helpers import copy_example_repo, free_port, register_repo
+from cli_helpers import copy_example_repo, generation_app_in_thread, register_repo
 
 pytestmark = pytest.mark.integration
 
@@ -132,26 +130,9 @@ def test_missing_stale_or_null_features_fall_back_to_the_zero_bbox(service, asse
     torch.testing.assert_close(cond[0, -1], uncond_bbox_token)
 
 
-@contextlib.contextmanager
 def _serving(service):
     """The HTTP app over `service` in a thread; yields its base URL."""
-    import uvicorn
-
-    from inference.service.http_app import GenerationApp, server_config
-
-    port = free_port()
-    server = uvicorn.Server(server_config(GenerationApp(lambda: service), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the HTTP server did not start in 30 s"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    return generation_app_in_thread(lambda: service)
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ when no mesh comes of a request)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
+from urllib.parse import urlsplit
 
 import orjson
 import psutil
@@ -26,14 +26,16 @@ REFRESH_S = 0.5
 
 
 def _call(url: str, body: dict | None = None, key: str | None = None):
-    """(status, headers, body bytes)."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    request = urllib.request.Request(url, data=None if body is None else orjson.dumps(body), headers=headers)
+    """(status, headers, body bytes) of a GET, or a POST of `body`; with `key` as a bearer token."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, reply.headers, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, exc.read()
+        conn.request("GET" if body is None else "POST", parts.path, None if body is None else orjson.dumps(body),
+                     {"Authorization": f"Bearer {key}"} if key else {})
+        reply = conn.getresponse()
+        return reply.status, reply.headers, reply.read()
+    finally:
+        conn.close()
 
 
 @pytest.fixture(scope="module")

@@ -106,9 +106,9 @@ class OpenLoop:
     """
 
     def __init__(self, host: str, port: int, bodies: list[bytes], rate: float, seconds: float,
-                 connections: int, timeout_s: float):
+                 connections: int, timeout_s: float, path: str = PATH):
         self.host, self.port = host, port
-        self.requests = [http_request(host, port, b) for b in bodies]
+        self.requests = [http_request(host, port, b, path) for b in bodies]
         self.rate, self.seconds, self.connections, self.timeout_s = rate, seconds, connections, timeout_s
         self.total = int(rate * seconds)
         self.idle: list[_Connection] = []
@@ -217,7 +217,7 @@ class OpenLoop:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description="open-loop HTTP load against /get-online-features")
+    parser = argparse.ArgumentParser(description="open-loop HTTP load against /get-online-features (or --path)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bodies", required=True, help="JSON file: a list of request bodies (objects)")
@@ -226,6 +226,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--samples", default=None, help="JSON file to write every latency (ms) to")
+    parser.add_argument("--path", default=PATH, help="the endpoint every request is POSTed to")
     args = parser.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("the load generator only targets this machine (127.0.0.1)")
@@ -233,7 +234,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         bodies = [json.dumps(b).encode() for b in json.load(fh)]
     import uvloop
 
-    load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout)
+    load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout, args.path)
     report = uvloop.run(load.run())
     if args.samples:
         with open(args.samples, "w") as fh:

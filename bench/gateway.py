@@ -1,0 +1,130 @@
+"""`featurectl bench gateway`: what `featurectl gateway` adds to each request, and how much of its traffic a slow
+replica still gets, against round robin on the same replicas.
+
+Three stand-in replicas (`bench._replica`: generate-server's HTTP API on the servers' own protocol, answering
+`POST /generate` after an injected delay, without the model, whose seconds of work would hide the gateway's
+microseconds), the gateway as `featurectl gateway` runs it, keys off.
+- Added latency: `--requests` sequential `POST /generate` on one keep-alive connection, in alternating blocks
+  straight to a replica (the peer) and through the gateway (ours), every replica answering at once; `p50_ms`,
+  `p99_ms` of each side and `added_p99_ms`, the difference of the p99s.
+- Slow replica: two replicas at `--fast-ms`, one at `--slow-ms`; an open-loop load of `--rate` requests/s for
+  `--seconds` through the gateway (`bench._http_load`, its own process), first with `--balance latency` (ours)
+  then `--balance round-robin` (the peer), a fresh gateway on the same replicas each. `slow_share_pct`: the share
+  of the requests the replicas answered that the slow one answered (counted by the replicas themselves);
+  `load_p50_ms`, `load_p99_ms`, `load_errors` as the load generator saw them.
+Goals on this host: `added_p99_ms` <= 1, `slow_share_pct` <= 5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from bench._http_load import sequential
+from bench._report import emit, percentiles
+from bench._serve_env import free_port, open_loop, running_server
+
+GOALS = {"added_p99_ms": 1.0, "slow_share_pct": 5.0}
+BODY = b'{"prompt": "a wooden chair"}'
+HOST = "127.0.0.1"
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://{HOST}:{port}{path}", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def _generated(port: int) -> int:
+    with urllib.request.urlopen(f"http://{HOST}:{port}/count", timeout=10) as reply:
+        return json.loads(reply.read())["generated"]
+
+
+@contextlib.contextmanager
+def _replicas(scratch: Path, count: int = 3) -> Iterator[list[int]]:
+    """The stand-in replicas' ports, running until the block ends."""
+    ports = [free_port() for _ in range(count)]
+    with contextlib.ExitStack() as stack:
+        for i, port in enumerate(ports):
+            stack.enter_context(running_server([sys.executable, "-m", "bench._replica", "--port", str(port),
+                                                "--name", f"r{i}"], port, scratch / f"replica{i}.log"))
+        yield ports
+
+
+@contextlib.contextmanager
+def _gateway(repo: Path, replicas: list[int], balance: str, scratch: Path) -> Iterator[int]:
+    port = free_port()
+    command = [sys.executable, "-m", "featurectl", "--repo", str(repo), "gateway", "--port", str(port),
+               "--balance", balance, "--no-require-api-key",
+               *[arg for p in replicas for arg in ("--replica", f"http://{HOST}:{p}")]]
+    with running_server(command, port, scratch / f"gateway-{balance}.log"):
+        yield port
+
+
+def _added_latency(gateway: int, replica: int, requests: int, block: int = 500) -> tuple[dict, dict]:
+    """p50/p99 straight to one replica and through the gateway, in alternating blocks (after a warm-up each)."""
+    direct, through = [], []
+    sequential(HOST, replica, [BODY], 200, "/generate")
+    sequential(HOST, gateway, [BODY], 200, "/generate")
+    for _ in range(max(1, requests // block)):
+        direct += sequential(HOST, replica, [BODY], block, "/generate")
+        through += sequential(HOST, gateway, [BODY], block, "/generate")
+    ours, peer = percentiles(through, (50, 99)), percentiles(direct, (50, 99))
+    return ({"p50_ms": round(ours["p50"], 4), "p99_ms": round(ours["p99"], 4),
+             "added_p99_ms": round(ours["p99"] - peer["p99"], 4)},
+            {"p50_ms": round(peer["p50"], 4), "p99_ms": round(peer["p99"], 4)})
+
+
+def _slow_share(repo: Path, replicas: list[int], balance: str, rate: float, seconds: float, scratch: Path) -> dict:
+    """Load through a fresh gateway; the slow replica (the last) answered what share of it."""
+    bodies = scratch / "bodies.json"
+    bodies.write_text(json.dumps([json.loads(BODY)]))
+    with _gateway(repo, replicas, balance, scratch) as port:
+        before = [_generated(p) for p in replicas]
+        load = open_loop(port, bodies, rate, seconds, path="/generate")
+        served = [_generated(p) - b for p, b in zip(replicas, before)]
+    return {"slow_share_pct": round(100 * served[-1] / max(1, sum(served)), 2), "load_p50_ms": load["p50_ms"],
+            "load_p99_ms": load["p99_ms"], "load_errors": load["errors"]}
+
+
+@click.command()
+@click.option("--requests", type=click.IntRange(500, 10_000_000), default=10_000, show_default=True,
+              help="sequential requests per side (added latency)")
+@click.option("--rate", type=click.FloatRange(1, 100_000), default=300.0, show_default=True,
+              help="requests/s of the slow-replica load")
+@click.option("--seconds", type=click.FloatRange(1, 3600), default=15.0, show_default=True,
+              help="length of each slow-replica load")
+@click.option("--fast-ms", type=click.FloatRange(0, 60_000), default=2.0, show_default=True,
+              help="delay of the two fast replicas")
+@click.option("--slow-ms", type=click.FloatRange(0, 60_000), default=20.0, show_default=True,
+              help="delay of the slow replica")
+@click.pass_obj
+def command(ctx, requests: int, rate: float, seconds: float, fast_ms: float, slow_ms: float) -> None:
+    """The gateway: p99 it adds per request (against straight to a replica), and the slow replica's share of
+    traffic (against round robin)."""
+    repo = ctx.config().repo_path
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as folder, _replicas(Path(folder)) as replicas:
+        scratch = Path(folder)
+        with _gateway(repo, replicas, "latency", scratch) as port:
+            ours, peer = _added_latency(port, replicas[0], requests)
+        for replica, delay in zip(replicas, (fast_ms, fast_ms, slow_ms)):
+            _post(replica, "/delay", {"ms": delay})
+        ours.update(_slow_share(repo, replicas, "latency", rate, seconds, scratch))
+        time.sleep(1)
+        peer.update(_slow_share(repo, replicas, "round-robin", rate, seconds, scratch))
+    met = {f"{k}<={v}": ours[k] <= v for k, v in GOALS.items()}
+    emit("gateway", ours, peer, {"replicas": 3, "requests": requests, "rate": rate, "seconds": seconds,
+                                 "fast_ms": fast_ms, "slow_ms": slow_ms, "cpus": os.cpu_count(),
+                                 "peer": "p50/p99_ms: straight to a replica; slow_share_pct, load_*: round robin",
+                                 "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                                 "goals_met": met})

@@ -47,6 +47,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: Optional[asyncio.Future] = None
         self.closed = False
+        self.keep_alive = False  # the last answer allows another request on this connection
         self.idle_since = 0.0
         self.content_type, self.headers, self.chunks = b"", [], []
 
@@ -75,18 +76,19 @@ class _Connection(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it once reset
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(Answer(self.parser.get_status_code(), b"".join(self.chunks), self.content_type,
                                           self.headers))
 
     def send(self, request: bytes) -> asyncio.Future:
-        self.content_type, self.headers, self.chunks = b"", [], []
+        self.content_type, self.headers, self.chunks, self.keep_alive = b"", [], [], False
         self.waiter = self.loop.create_future()
         self.transport.write(request)  # type: ignore[union-attr]
         return self.waiter
 
     def reusable(self) -> bool:
-        return not self.closed and self.parser.should_keep_alive()
+        return not self.closed and self.keep_alive
 
     def close(self) -> None:
         self.closed = True

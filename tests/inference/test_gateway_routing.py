@@ -242,3 +242,19 @@ def test_an_ejected_replica_comes_back_when_its_probe_passes():
 
     with _replicas(1) as (replica,):
         assert asyncio.run(run(replica, replica.port)) == [True, False, True]
+
+
+def test_requests_to_a_replica_reuse_one_keep_alive_connection():
+    async def run(url: str) -> set[int]:
+        router = Router([url])
+        client = router.replicas[0].client
+        used = set()
+        for _ in range(5):
+            answer = await router.send(router.replicas[0], "POST", "/generate", b'{"prompt": "a"}')
+            assert answer.status == 200
+            used.add(id(client.idle[-1]))
+        router.close()
+        return used
+
+    with _replicas(1) as (replica,):
+        assert len(asyncio.run(run(replica.url))) == 1

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import click
+
+log = logging.getLogger(__name__)
 
 
 def _mesh_charge(config_name: str):
@@ -46,6 +49,11 @@ def gateway(ctx, replicas: tuple[str, ...], host: str, port: int, balance: str, 
     required = auth.enabled if require_api_key is None else require_api_key
     router = Router(replicas, RoutingSettings(balance=balance, timeout_s=timeout_s))
     make_keys = (lambda: Gateway.open(project.registry_url, project.project, auth.refresh_s)) if required else None
+    if not required:
+        log.warning("API keys are off at the gateway: callers' keys are passed on for the replicas to check (turn "
+                    "them on here with platform.auth.enabled: true or --require-api-key)")
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("serving on %s: reachable from other machines without API keys", host)
     app = GatewayApp(router, make_keys, _mesh_charge(config_name) if required else None, project.platform.http)
     serve(app, host, port)
 

@@ -35,7 +35,7 @@ class RoutingSettings:
     attempts: int = 3               # replicas tried per request at most (retries are attempts - 1)
     alpha: float = 0.3              # weight of a new sample
     decay_s: float = 2.0            # how fast an unused replica's estimate fades, for routing
-    floor_s: float = 1e-4           # the least estimate: a replica without samples still pays for its queue
+    floor_s: float = 1e-4           # the least estimate: a faded one still pays for its queue
     eject_s: float = 1.0            # the first ejection's back-off; doubled each ejection in a row
     max_eject_s: float = 30.0
     failures_to_eject: int = 3      # 5xx answers in a row (503s eject at once)
@@ -75,8 +75,11 @@ class Replica:
         self.tag = self.tag or replica_tag(self.url)
 
     def cost(self, now: float) -> float:
-        """What a request sent here is expected to cost: the decayed estimate times the queue it joins."""
-        estimate = self.ewma_s * math.exp(-(now - self.last_sample) / self.settings.decay_s) if self.samples else 0.0
+        """What a request sent here is expected to cost: the decayed estimate times the queue it joins. A replica
+        not yet measured takes one request at a time until its first answer (it may be the slow one)."""
+        if not self.samples:
+            return 0.0 if self.in_flight == 0 else math.inf
+        estimate = self.ewma_s * math.exp(-(now - self.last_sample) / self.settings.decay_s)
         return max(estimate, self.settings.floor_s) * (self.in_flight + 1)
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import math
 import subprocess
 import sys
 import threading
@@ -23,8 +24,9 @@ import pytest
 
 from cli_helpers import ROOT, cli_server
 from featurectl.services.scratch_redis import free_port, stop_process
-from serving.routing.replica import RoutingSettings
+from serving.routing.replica import Replica, RoutingSettings
 from serving.routing.router import Router
+from serving.routing.upstream import ReplicaClient
 
 FAST_MS, SLOW_MS = 2, 200
 
@@ -258,3 +260,16 @@ def test_requests_to_a_replica_reuse_one_keep_alive_connection():
 
     with _replicas(1) as (replica,):
         assert len(asyncio.run(run(replica.url))) == 1
+
+
+def test_a_replica_costs_its_faded_latency_estimate_times_its_queue():
+    replica = Replica("http://127.0.0.1:1", ReplicaClient("127.0.0.1", 1), RoutingSettings(alpha=0.5, decay_s=2.0))
+    assert replica.cost(0.0) == 0.0
+    replica.in_flight = 1
+    assert replica.cost(0.0) == math.inf                    # not measured yet: one request at a time
+    replica.observe(0.010, now=100.0)
+    assert replica.cost(100.0) == pytest.approx(0.020)      # 10 ms x (1 in flight + 1)
+    replica.in_flight = 0
+    assert replica.cost(102.0) == pytest.approx(0.010 * math.exp(-1))      # unused for one decay_s
+    replica.observe(0.002, now=102.0)
+    assert replica.ewma_s == pytest.approx(0.006) and replica.cost(102.0) == pytest.approx(0.006)

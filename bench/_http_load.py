@@ -47,25 +47,34 @@ class _Response:
         self.complete = True
 
 
+def keep_alive(host: str, port: int) -> socket.socket:
+    """A connection for `timed_request`, Nagle off."""
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def timed_request(sock: socket.socket, request: bytes) -> float:
+    """Latency in ms of one request on a keep-alive connection; raises unless the answer is 200."""
+    response = _Response()
+    start = time.perf_counter_ns()
+    sock.sendall(request)
+    while not response.complete:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError(f"server at {sock.getpeername()} closed the connection")
+        response.parser.feed_data(data)
+    elapsed = (time.perf_counter_ns() - start) / 1e6
+    if response.parser.get_status_code() != 200:
+        raise RuntimeError(f"HTTP {response.parser.get_status_code()}: {b''.join(response.body)[:300]!r}")
+    return elapsed
+
+
 def sequential(host: str, port: int, bodies: list[bytes], count: int, path: str = PATH) -> list[float]:
     """Latencies in ms of `count` requests sent one after another on one keep-alive connection."""
     requests = [http_request(host, port, b, path) for b in bodies]
-    out = []
-    with socket.create_connection((host, port), timeout=10) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i in range(count):
-            response = _Response()
-            start = time.perf_counter_ns()
-            sock.sendall(requests[i % len(requests)])
-            while not response.complete:
-                data = sock.recv(1 << 16)
-                if not data:
-                    raise ConnectionError(f"server at {host}:{port} closed the connection")
-                response.parser.feed_data(data)
-            out.append((time.perf_counter_ns() - start) / 1e6)
-            if response.parser.get_status_code() != 200:
-                raise RuntimeError(f"HTTP {response.parser.get_status_code()}: {b''.join(response.body)[:300]!r}")
-    return out
+    with keep_alive(host, port) as sock:
+        return [timed_request(sock, requests[i % len(requests)]) for i in range(count)]
 
 
 class _Connection(asyncio.Protocol):

@@ -4,9 +4,11 @@ replica still gets, against round robin on the same replicas.
 Three stand-in replicas (`bench._replica`: generate-server's HTTP API on the servers' own protocol, answering
 `POST /generate` after an injected delay, without the model, whose seconds of work would hide the gateway's
 microseconds), the gateway as `featurectl gateway` runs it, keys off.
-- Added latency: `--requests` sequential `POST /generate` on one keep-alive connection, in alternating blocks
-  straight to a replica (the peer) and through the gateway (ours), every replica answering at once; `p50_ms`,
-  `p99_ms` of each side and `added_p99_ms`, the difference of the p99s.
+- Added latency: `--requests` sequential `POST /generate` on a keep-alive connection each, straight to a replica
+  (the peer) and through the gateway (ours), alternating request by request, every replica answering at once;
+  `p50_ms`, `p99_ms` of each side; `added_p50_ms`, the difference of the p50s; `added_p99_ms`, the median over 10
+  segments of the run of the difference of the segment's p99s (on a shared host a stall lands on one side at a
+  time and sways the p99 of the whole run either way: `added_p99_whole_run_ms` is that difference).
 - Slow replica: two replicas at `--fast-ms`, one at `--slow-ms`; an open-loop load of `--rate` requests/s for
   `--seconds` through the gateway (`bench._http_load`, its own process), first with `--balance latency` (ours)
   then `--balance round-robin` (the peer), a fresh gateway on the same replicas each. `slow_share_pct`: the share
@@ -28,12 +30,14 @@ from pathlib import Path
 from typing import Iterator
 
 import click
+import numpy as np
 
-from bench._http_load import sequential
+from bench._http_load import http_request, keep_alive, timed_request
 from bench._report import emit, percentiles
 from bench._serve_env import free_port, open_loop, running_server
 
 GOALS = {"added_p99_ms": 1.0, "slow_share_pct": 5.0}
+SEGMENTS = 10  # the added p99 is the median over segments of the run: one stall of the host sways one segment
 BODY = b'{"prompt": "a wooden chair"}'
 HOST = "127.0.0.1"
 
@@ -70,17 +74,27 @@ def _gateway(repo: Path, replicas: list[int], balance: str, scratch: Path) -> It
         yield port
 
 
-def _added_latency(gateway: int, replica: int, requests: int, block: int = 500) -> tuple[dict, dict]:
-    """p50/p99 straight to one replica and through the gateway, in alternating blocks (after a warm-up each)."""
-    direct, through = [], []
-    sequential(HOST, replica, [BODY], 200, "/generate")
-    sequential(HOST, gateway, [BODY], 200, "/generate")
-    for _ in range(max(1, requests // block)):
-        direct += sequential(HOST, replica, [BODY], block, "/generate")
-        through += sequential(HOST, gateway, [BODY], block, "/generate")
+def _added_latency(gateway: int, replica: int, requests: int) -> tuple[dict, dict]:
+    """p50/p99 straight to one replica and through the gateway, on a keep-alive connection each, the two sides
+    alternating request by request (and which goes first), so that the host's stalls fall on both alike."""
+    direct: list[float] = []
+    through: list[float] = []
+    with keep_alive(HOST, replica) as to_replica, keep_alive(HOST, gateway) as to_gateway:
+        sides = [(to_replica, http_request(HOST, replica, BODY, "/generate"), direct),
+                 (to_gateway, http_request(HOST, gateway, BODY, "/generate"), through)]
+        for sock, request, _ in sides:
+            for _ in range(200):  # warm-up, untimed
+                timed_request(sock, request)
+        for i in range(requests):
+            for sock, request, samples in sides if i % 2 else sides[::-1]:
+                samples.append(timed_request(sock, request))
     ours, peer = percentiles(through, (50, 99)), percentiles(direct, (50, 99))
+    size = max(100, requests // SEGMENTS)
+    added = [percentiles(through[i:i + size], (99,))["p99"] - percentiles(direct[i:i + size], (99,))["p99"]
+             for i in range(0, requests - size + 1, size)]
     return ({"p50_ms": round(ours["p50"], 4), "p99_ms": round(ours["p99"], 4),
-             "added_p99_ms": round(ours["p99"] - peer["p99"], 4)},
+             "added_p50_ms": round(ours["p50"] - peer["p50"], 4), "added_p99_ms": round(float(np.median(added)), 4),
+             "added_p99_whole_run_ms": round(ours["p99"] - peer["p99"], 4)},
             {"p50_ms": round(peer["p50"], 4), "p99_ms": round(peer["p99"], 4)})
 
 

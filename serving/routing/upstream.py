@@ -49,7 +49,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.keep_alive = False  # the last answer allows another request on this connection
         self.idle_since = 0.0
-        self.content_type, self.headers, self.chunks = b"", [], []
+        self.content_type = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

@@ -4,8 +4,9 @@ own HTTP protocol) without the model, answering after an injected delay that can
     python -m bench._replica --port 6571 --delay-ms 2
 
 `POST /generate` answers a small body after the delay (202 with a job id for `"async": true`, the job done after
-the delay), `GET /jobs/{id}`, `/ready`, `/health` at once (a slow replica still passes its health checks), and
-`POST /delay {"ms": N}` sets the delay. It counts the requests it answered (`GET /count`), so that a test sees what
+the delay), `GET /jobs/{id}`, `/ready`, `/health` at once (a slow replica still passes its health checks);
+`POST /delay {"ms": N}` sets the delay, `POST /fail {"status": S}` makes `/generate` answer S as generate-server
+would (503 `closed`, 429 `queue_full`, 500 `generation_failed`; 0: answer again). It counts the requests it answered (`GET /count`), so that a test sees what
 reached each replica, not what the gateway says it sent.
 """
 
@@ -21,6 +22,7 @@ import orjson
 from common.config import HttpSettings
 
 JSON = b"application/json"
+FAILURES = {503: "closed", 429: "queue_full", 500: "generation_failed"}  # generate-server's codes
 
 
 class DelayedReplica:
@@ -30,6 +32,7 @@ class DelayedReplica:
         self.http = HttpSettings()
         self.name, self.delay_s = name, delay_ms / 1e3
         self.generated = 0
+        self.fail_status = 0
         self.jobs: dict[str, float] = {}  # job id -> loop time it is done
         self._ids = itertools.count()
 
@@ -49,6 +52,9 @@ class DelayedReplica:
     async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
                       request_id: Optional[str] = None):
         loop = asyncio.get_running_loop()
+        if path == "/generate" and method == "POST" and self.fail_status:
+            code = FAILURES[self.fail_status]
+            return self.fail_status, orjson.dumps({"error": f"injected {code}", "code": code}), JSON, []
         if path == "/generate" and method == "POST":
             data = orjson.loads(body or b"{}")
             if data.get("async"):
@@ -69,6 +75,9 @@ class DelayedReplica:
             return 200, b"glTF " + self.name.encode(), b"model/gltf-binary", []
         if path == "/delay" and method == "POST":
             self.delay_s = orjson.loads(body or b"{}")["ms"] / 1e3
+            return 200, b"{}", JSON, []
+        if path == "/fail" and method == "POST":
+            self.fail_status = orjson.loads(body or b"{}")["status"]
             return 200, b"{}", JSON, []
         if path == "/count":
             return 200, orjson.dumps({"generated": self.generated}), JSON, []

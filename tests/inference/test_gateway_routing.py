@@ -208,6 +208,21 @@ def test_a_request_never_sent_goes_elsewhere_even_when_not_idempotent():
     assert router.replicas[0].errors["connect"] == 1
 
 
+@pytest.mark.parametrize("status, retried_when_not_idempotent", [(503, True), (429, True), (500, False)])
+def test_a_failing_answer_is_retried_elsewhere_only_when_the_request_was_not_run_or_is_idempotent(
+        status, retried_when_not_idempotent):
+    with _replicas(2) as (failing, alive):
+        _post(failing.url + "/fail", {"status": status})
+        for idempotent in (False, True):
+            answer, replica, router = _route([failing.url, alive.url], idempotent)
+            retried = idempotent or retried_when_not_idempotent
+            assert (answer.status, replica.url, router.retries) == ((200, alive.url, 1) if retried
+                                                                    else (status, failing.url, 0))
+        assert _get(alive.url + "/count")["generated"] == 1 + retried_when_not_idempotent
+    assert router.replicas[0].errors["5xx"] == (status >= 500)
+    assert router.replicas[0].in_rotation == (status != 503)         # a 503 ejects at once; one 500 does not
+
+
 def test_a_request_the_replica_may_have_started_is_retried_only_when_idempotent():
     with _replicas(2) as (dying, alive):
         _post(dying.url + "/delay", {"ms": 3000})

@@ -47,25 +47,34 @@ class _Response:
         self.complete = True
 
 
+def keep_alive(host: str, port: int) -> socket.socket:
+    """A connection for `timed_request`, Nagle off."""
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def timed_request(sock: socket.socket, request: bytes) -> float:
+    """Latency in ms of one request on a keep-alive connection; raises unless the answer is 200."""
+    response = _Response()
+    start = time.perf_counter_ns()
+    sock.sendall(request)
+    while not response.complete:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError(f"server at {sock.getpeername()} closed the connection")
+        response.parser.feed_data(data)
+    elapsed = (time.perf_counter_ns() - start) / 1e6
+    if response.parser.get_status_code() != 200:
+        raise RuntimeError(f"HTTP {response.parser.get_status_code()}: {b''.join(response.body)[:300]!r}")
+    return elapsed
+
+
 def sequential(host: str, port: int, bodies: list[bytes], count: int, path: str = PATH) -> list[float]:
     """Latencies in ms of `count` requests sent one after another on one keep-alive connection."""
     requests = [http_request(host, port, b, path) for b in bodies]
-    out = []
-    with socket.create_connection((host, port), timeout=10) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i in range(count):
-            response = _Response()
-            start = time.perf_counter_ns()
-            sock.sendall(requests[i % len(requests)])
-            while not response.complete:
-                data = sock.recv(1 << 16)
-                if not data:
-                    raise ConnectionError(f"server at {host}:{port} closed the connection")
-                response.parser.feed_data(data)
-            out.append((time.perf_counter_ns() - start) / 1e6)
-            if response.parser.get_status_code() != 200:
-                raise RuntimeError(f"HTTP {response.parser.get_status_code()}: {b''.join(response.body)[:300]!r}")
-    return out
+    with keep_alive(host, port) as sock:
+        return [timed_request(sock, requests[i % len(requests)]) for i in range(count)]
 
 
 class _Connection(asyncio.Protocol):
@@ -106,9 +115,9 @@ class OpenLoop:
     """
 
     def __init__(self, host: str, port: int, bodies: list[bytes], rate: float, seconds: float,
-                 connections: int, timeout_s: float):
+                 connections: int, timeout_s: float, path: str = PATH):
         self.host, self.port = host, port
-        self.requests = [http_request(host, port, b) for b in bodies]
+        self.requests = [http_request(host, port, b, path) for b in bodies]
         self.rate, self.seconds, self.connections, self.timeout_s = rate, seconds, connections, timeout_s
         self.total = int(rate * seconds)
         self.idle: list[_Connection] = []
@@ -217,7 +226,7 @@ class OpenLoop:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description="open-loop HTTP load against /get-online-features")
+    parser = argparse.ArgumentParser(description="open-loop HTTP load against /get-online-features (or --path)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bodies", required=True, help="JSON file: a list of request bodies (objects)")
@@ -226,6 +235,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--samples", default=None, help="JSON file to write every latency (ms) to")
+    parser.add_argument("--path", default=PATH, help="the endpoint every request is POSTed to")
     args = parser.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("the load generator only targets this machine (127.0.0.1)")
@@ -233,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         bodies = [json.dumps(b).encode() for b in json.load(fh)]
     import uvloop
 
-    load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout)
+    load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout, args.path)
     report = uvloop.run(load.run())
     if args.samples:
         with open(args.samples, "w") as fh:

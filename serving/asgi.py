@@ -26,6 +26,16 @@ async def answer_http(app: Any, scope: dict, receive: Callable[[], Awaitable[dic
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
 
 
+class AsgiApp:
+    """The ASGI entry of an app with `respond` and an async `_lifespan(receive, send)`."""
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)  # type: ignore[attr-defined]
+        elif scope["type"] == "http":
+            await answer_http(self, scope, receive, send)
+
+
 async def _read_body(receive: Callable[[], Awaitable[dict]], limit: int) -> Optional[bytes]:
     """The whole body; None past `limit` bytes (the rest is read and dropped); `_GONE` if the client left first."""
     chunks, size = [], 0

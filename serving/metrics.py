@@ -18,7 +18,9 @@ BOUNDS_US = [1 << k for k in range(6, 24)]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _histogram(name: str, doc: str, label: str, hists: dict[str, LatencyHistogram]) -> Iterator[Metric]:
+def latency_metrics(name: str, doc: str, label: str, hists: dict[str, LatencyHistogram]) -> Iterator[Metric]:
+    """A histogram family with exact bucket edges and a gauge family of its percentiles, one series per label
+    value (the feature server's endpoints, the gateway's replicas)."""
     family = HistogramMetricFamily(name, doc, labels=[label])
     quantiles = GaugeMetricFamily(f"{name.removesuffix('_seconds')}_quantile_seconds",
                                   f"{doc}: percentiles from the log-linear histogram", labels=[label, "quantile"])
@@ -40,9 +42,9 @@ class StatsCollector:
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats.merged()
-        yield from _histogram("featurectl_request_duration_seconds", "request latency per endpoint", "endpoint",
+        yield from latency_metrics("featurectl_request_duration_seconds", "request latency per endpoint", "endpoint",
                               stats.endpoints)
-        yield from _histogram("featurectl_feature_service_request_duration_seconds",
+        yield from latency_metrics("featurectl_feature_service_request_duration_seconds",
                               "get-online-features latency per feature service (`-` for feature lists)",
                               "feature_service", stats.services)
         responses = CounterMetricFamily("featurectl_responses", "responses per endpoint and HTTP status",

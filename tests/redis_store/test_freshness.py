@@ -21,7 +21,7 @@ def record(local_services):
     host, port = local_services.redis_host_port
     project = f"fresh_{uuid.uuid4().hex[:8]}"
     yield RedisSettings.parse(f"{host}:{port}"), project, redis.Redis(host, port)
-    redis.Redis(host, port).delete(freshness.record_key(project))
+    freshness.forget_newest(RedisSettings.parse(f"{host}:{port}"), project)
 
 
 def test_the_newest_event_time_only_moves_forward_per_view(record):

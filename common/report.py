@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from common.feature_profile import NUMERIC, FeatureProfile
 from common.quality_log import QualityRecord
-from redis_store.freshness_history import FreshnessSample
+from redis_store.freshness_history import GAP_MS, FreshnessSample
 
 DPI = 100
 MIN_AGE_S = 1.0  # the age axis is logarithmic: ages below a second (or ahead of the clock) are drawn at 1 s
@@ -89,13 +89,15 @@ def age_line(samples: Sequence[tuple[int, int]], now_ms: int) -> tuple[list[dt.d
 
 
 def _view_samples(data: ReportData, view: str) -> list[tuple[int, int]]:
-    """The view's samples; the record now ends them when it is newer than the last (a write the history left out,
-    placed at the earliest time it can have happened)."""
+    """The view's samples, ended by the record now when it is newer than the last one: a raise the history left out
+    came within `GAP_MS` of its last sample (a later one would have been sampled), so it is placed there; with no
+    sample at all (a record older than its history), at now."""
     samples = [(s.at_ms, s.newest_ms[view]) for s in data.history if view in s.newest_ms]
     now_ms = int(data.now.timestamp() * 1000)
     newest = data.newest_ms.get(view)
     if newest is not None and (not samples or newest > samples[-1][1]):
-        samples.append((min(now_ms, max(samples[-1][0] if samples else 0, newest)), newest))
+        written = samples[-1][0] + GAP_MS if samples else now_ms
+        samples.append((min(now_ms, written), newest))
     return samples
 
 
@@ -114,7 +116,8 @@ def freshness_section(data: ReportData) -> Section:
     ax = figure.subplots()
     for index, (name, samples) in enumerate(sorted(lines.items())):
         color = f"C{index % 10}"
-        ax.plot(*age_line(samples, now_ms), label=name, color=color, linewidth=1.5)
+        ax.plot(*age_line(samples, now_ms), label=name, color=color, linewidth=1.5,
+                marker="o" if len(samples) == 1 else None)  # one sample taken now: a point
         ttl = next(v.ttl_s for v in data.views if v.name == name)
         if ttl:
             ax.axhline(ttl, color=color, linestyle="--", linewidth=0.8)

@@ -190,3 +190,14 @@ def test_the_age_drops_at_each_sample_and_grows_with_the_clock_until_the_next():
     assert ages == [1, 5, 1, 4, MIN_AGE_S, MIN_AGE_S]  # an event time ahead of the clock: drawn at the floor
     assert bin_labels(FeatureProfile("numeric", (0.2, 0.3, 0.5), cuts=(1.0, 2.5))) == ["<= 1", "(1, 2.5]", "> 2.5"]
     assert bin_labels(FeatureProfile("categorical", (0.6, 0.4), categories=("chair",))) == ["chair", "other"]
+
+
+def test_a_record_newer_than_the_history_ends_the_line_within_the_gap():
+    from common.report import ReportData, ViewData, _view_samples
+    from redis_store.freshness_history import GAP_MS, FreshnessSample
+
+    now = dt.datetime.fromtimestamp(100, dt.timezone.utc)
+    data = ReportData("p", now, [ViewData("v", None), ViewData("w", None)], [FreshnessSample(10_000, {"v": 9_000})],
+                      {"v": 12_000, "w": 50_000})
+    assert _view_samples(data, "v") == [(10_000, 9_000), (10_000 + GAP_MS, 12_000)]
+    assert _view_samples(data, "w") == [(100_000, 50_000)]  # recorded before its history began: now

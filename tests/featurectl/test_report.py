@@ -10,8 +10,6 @@ import html
 import json
 import random
 import re
-import subprocess
-import sys
 import time
 import uuid
 
@@ -167,13 +165,19 @@ def test_the_report_plots_every_section_and_chromium_renders_it(project, served,
     assert dom.count("<img ") == page.count("<img ")
 
 
-def test_without_a_server_the_page_says_what_is_left_out(project, tmp_path):
+def test_without_a_server_the_page_says_what_is_left_out(project, tmp_path, monkeypatch):
+    """In-process (the subprocess above already covers the CLI's start): the default path, in the current folder."""
+    from click.testing import CliRunner
+
+    from featurectl.cli import Context
+    from featurectl.report_commands import report
+
     repo, name, _ = project
-    done = subprocess.run([sys.executable, "-m", "featurectl", "--repo", str(repo), "report"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout + done.stderr
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(report, [], obj=Context(repo, None))
+    assert done.exit_code == 0, done.output
     written = tmp_path / f"featurectl-report-{name}.html"
-    assert f"written to {written}" in done.stdout
+    assert f"written to {written}" in done.output
     page = written.read_text()
     sections = _sections(page)
     for section_id in ("drift", "serving"):

@@ -1,5 +1,6 @@
 """`featurectl report [--server URL] [--out PATH]`: one HTML page of plots about the project's views
-(`common.report`): freshness over time, null rates, distributions offline and online, drift, serving latency.
+(`featurectl.report_page`): freshness over time, null rates, distributions offline and online, drift, serving
+latency.
 
 It reads the registry (the views and their ttl; the quality log: per backfill, the null rates and the profiles),
 Redis (the freshness record and its history, `redis_store.freshness_history`) and, with `--server`, a running
@@ -51,11 +52,11 @@ def _redis_state(cfg, notes: list[str]) -> tuple[dict[str, int], list]:
 
 
 def gather(cfg, server: Optional[str]):
-    """Everything the page shows, as `common.report.ReportData`."""
+    """Everything the page shows, as `featurectl.report_page.ReportData`."""
     from feast import FeatureStore
 
     from common.quality_log import QualityLog
-    from common.report import ReportData, ViewData
+    from featurectl.report_page import ReportData, ViewData
 
     notes: list[str] = []
     feast_views = sorted(FeatureStore(config=cfg.feast_repo_config()).list_feature_views(), key=lambda v: v.name)
@@ -80,7 +81,7 @@ def gather(cfg, server: Optional[str]):
 def report(ctx, server: Optional[str], out: Optional[Path]) -> None:
     """One self-contained HTML page of plots: each view's freshness over time, null rates, distributions offline
     and online, drift scores, serving latency percentiles."""
-    from common.report import render
+    from featurectl.report_page import render
 
     cfg = ctx.config()
     data = gather(cfg, server)

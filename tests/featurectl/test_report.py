@@ -187,7 +187,7 @@ def test_without_a_server_the_page_says_what_is_left_out(project, tmp_path, monk
 
 def test_the_age_drops_at_each_sample_and_grows_with_the_clock_until_the_next():
     from common.feature_profile import FeatureProfile
-    from common.report import MIN_AGE_S, age_line, bin_labels
+    from featurectl.report_page import MIN_AGE_S, age_line, bin_labels
 
     times, ages = age_line([(1_000, 0), (5_000, 4_000), (8_000, 9_000)], now_ms=10_000)
     assert [t.timestamp() for t in times] == [1, 5, 5, 8, 8, 10]
@@ -197,7 +197,7 @@ def test_the_age_drops_at_each_sample_and_grows_with_the_clock_until_the_next():
 
 
 def test_a_record_newer_than_the_history_ends_the_line_within_the_gap():
-    from common.report import ReportData, ViewData, _view_samples
+    from featurectl.report_page import ReportData, ViewData, _view_samples
     from redis_store.freshness_history import GAP_MS, FreshnessSample
 
     now = dt.datetime.fromtimestamp(100, dt.timezone.utc)

@@ -6,6 +6,9 @@ Sections, each a heading, a sentence on where its data comes from, and one figur
 freshness (age of each view's newest value over time), null rates (per backfill and feature), distributions
 (offline profile against the values served), drift (PSI per feature), serving (latency percentiles and rows
 served per view). A section without data says why instead of drawing an empty plot.
+
+It lives beside the command because the page reads every part (the registry's records, Redis's, a server's
+`/stats`) and no part reads it: the CLI is the one layer above them all.
 """
 
 from __future__ import annotations

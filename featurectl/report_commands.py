@@ -36,8 +36,8 @@ def server_stats(server: str, notes: list[str]) -> Optional[dict[str, Any]]:
         return None
 
 
-def _redis_state(cfg, notes: list[str]) -> tuple[dict[str, int], list]:
-    """The freshness record and its history; none when Redis does not answer (noted)."""
+def _redis_state(cfg, notes: list[str]) -> Optional[tuple[dict[str, int], list]]:
+    """The freshness record and its history; None when Redis does not answer (noted)."""
     from redis_store.errors import RedisStoreError
     from redis_store.freshness import read_newest
     from redis_store.freshness_history import read_history
@@ -48,7 +48,7 @@ def _redis_state(cfg, notes: list[str]) -> tuple[dict[str, int], list]:
         return read_newest(settings, cfg.project), read_history(settings, cfg.project)
     except RedisStoreError as exc:
         _warn(notes, f"{exc}; the freshness plot is left out")
-        return {}, []
+        return None
 
 
 def gather(cfg, server: Optional[str]):
@@ -66,9 +66,11 @@ def gather(cfg, server: Optional[str]):
                           quality_log.records(cfg.project, v.name)) for v in feast_views]
     finally:
         quality_log.close()
-    newest, history = _redis_state(cfg, notes)
+    redis_state = _redis_state(cfg, notes)
+    newest, history = redis_state or ({}, [])
     stats = server_stats(server, notes) if server else None
-    return ReportData(cfg.project, dt.datetime.now(dt.timezone.utc), views, history, newest, server, stats, notes)
+    return ReportData(cfg.project, dt.datetime.now(dt.timezone.utc), views, history, newest, server, stats, notes,
+                      redis_read=redis_state is not None)
 
 
 @click.command()

@@ -51,6 +51,7 @@ class ReportData:
     server: Optional[str] = None  # the feature server asked, if any
     stats: Optional[dict[str, Any]] = None  # its /stats, None: not asked or not readable
     notes: list[str] = field(default_factory=list)  # what could not be read, and why
+    redis_read: bool = True  # False: Redis did not answer (`history` and `newest_ms` are empty for that)
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,9 @@ def freshness_section(data: ReportData) -> Section:
     lines = {v.name: _view_samples(data, v.name) for v in data.views}
     lines = {name: samples for name, samples in lines.items() if samples}
     if not lines:
-        return Section("freshness", "Freshness over time", source,
-                       empty="no view has a recorded newest event time: nothing was materialized, streamed or "
-                             "pushed to these views by featurectl yet")
+        why = ("no view has a recorded newest event time: nothing was materialized, streamed or pushed to these "
+               "views by featurectl yet") if data.redis_read else "Redis could not be read (see the note above)"
+        return Section("freshness", "Freshness over time", source, empty=why)
     figure = Figure(figsize=(10, 4))
     ax = figure.subplots()
     for index, (name, samples) in enumerate(sorted(lines.items())):

@@ -185,6 +185,28 @@ def test_without_a_server_the_page_says_what_is_left_out(project, tmp_path, monk
     assert 'id="freshness-age"' in page and f'id="nulls-{VIEW}"' in page
 
 
+def test_redis_and_a_server_away_are_named_and_the_page_is_written(project, tmp_path):
+    """The project's registry, with Redis and the server on ports nothing listens on."""
+    from click.testing import CliRunner
+
+    from featurectl.cli import Context
+    from featurectl.report_commands import report
+
+    repo, name, _ = project
+    registry = load_config(repo).registry_url
+    away = copy_example_repo(tmp_path, name, {"path": registry},
+                             {"type": "redis", "connection_string": f"127.0.0.1:{free_port()}"})
+    out, server = tmp_path / "away.html", f"http://127.0.0.1:{free_port()}"
+    done = CliRunner().invoke(report, ["--server", server, "--out", str(out)], obj=Context(away, None))
+    assert done.exit_code == 0, done.output
+    assert "warning: " in done.output and f"cannot read {server}/stats" in done.output
+    sections = _sections(out.read_text())
+    assert '<ul class="notes">' in out.read_text() and "the freshness plot is left out" in out.read_text()
+    assert "<img " not in sections["freshness"] and "Redis could not be read" in sections["freshness"]
+    assert f"the feature server at {server} could not be read" in sections["serving"]
+    assert f'id="nulls-{VIEW}"' in sections["null-rates"], "the registry's records are drawn all the same"
+
+
 def test_the_age_drops_at_each_sample_and_grows_with_the_clock_until_the_next():
     from common.feature_profile import FeatureProfile
     from featurectl.report_page import MIN_AGE_S, age_line, bin_labels

@@ -182,6 +182,13 @@ def _means(table: pa.Table, view: FeatureView) -> dict[str, float]:
     return out
 
 
+def _null_rates(table: pa.Table, view: FeatureView) -> dict[str, float]:
+    """Per feature, the share of rows without a value (null, or NaN); none without rows."""
+    if not table.num_rows:
+        return {}
+    return {name: 1.0 - float(_present(table.column(name)).sum()) / table.num_rows for name in view.output_schema()}
+
+
 def assess(view: FeatureView, table: pa.Table, start: dt.datetime, end: dt.datetime, project: str,
            baseline: Optional[QualityRecord]) -> QualityRecord:
     """The checks and profiles of a backfill's rows `table` (`written_rows`) of [start, end); `baseline`: what
@@ -191,7 +198,7 @@ def assess(view: FeatureView, table: pa.Table, start: dt.datetime, end: dt.datet
     end_ms = int(end.timestamp() * 1000)
     weights = holding_weights(table, list(view.entity.join_keys), end_ms, int(view.ttl.total_seconds() * 1000))
     return QualityRecord(project, view.name, start, end, dt.datetime.now(dt.timezone.utc), table.num_rows, checks,
-                         means, _profiles(table, view, weights))
+                         means, _null_rates(table, view), _profiles(table, view, weights))
 
 
 def check_backfill(views: list[FeatureView], start: dt.datetime, end: dt.datetime, data_dir, registry_url: str,

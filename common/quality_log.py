@@ -3,7 +3,8 @@ registry database (SQLite or PostgreSQL), next to the backfill log (`batch.backf
 
 One row per backfill of one view: project, view, the range [start, end), when it finished, whether every check
 passed, the report (rows checked; per expectation the feature, the observed value, how many rows failed and a
-few of them; the mean of every numeric feature, which `MaxChange` compares with) and the profile of each feature
+few of them; the mean of every numeric feature, which `MaxChange` compares with; the share of rows without a value
+of every feature, which `featurectl report` plots) and the profile of each feature
 (`common.feature_profile`). Like the backfill log, recording a range drops the records of ranges it contains,
 and where ranges overlap the newer one holds the rows: `materialize` asks which records hold the rows it would
 write (`holding`), the feature server asks for each view's latest profiles (`latest_profiles`).
@@ -63,6 +64,7 @@ class QualityRecord:
     rows: int
     checks: tuple[CheckResult, ...] = ()
     means: dict[str, float] = field(default_factory=dict)  # of every numeric feature with a value
+    null_rates: dict[str, float] = field(default_factory=dict)  # share of rows without a value, every feature
     profiles: dict[str, FeatureProfile] = field(default_factory=dict)
     id: Optional[int] = None  # set once recorded
 
@@ -76,7 +78,8 @@ class QualityRecord:
 
 
 def _report_json(record: QualityRecord) -> str:
-    return json.dumps({"rows": record.rows, "checks": [asdict(c) for c in record.checks], "means": record.means})
+    return json.dumps({"rows": record.rows, "checks": [asdict(c) for c in record.checks], "means": record.means,
+                       "null_rates": record.null_rates})
 
 
 def _profiles_json(profiles: dict[str, FeatureProfile]) -> str:
@@ -92,7 +95,7 @@ def _record_of(row: Any) -> QualityRecord:
     checks = tuple(CheckResult(**{**c, "samples": tuple(c["samples"])}) for c in report["checks"])
     return QualityRecord(row["project"], row["view"], as_utc(row["start"]), as_utc(row["end"]),
                          as_utc(row["finished_at"]), report["rows"], checks, report["means"],
-                         _profiles(row["profiles"]), row["id"])
+                         report.get("null_rates", {}), _profiles(row["profiles"]), row["id"])
 
 
 class QualityLog:

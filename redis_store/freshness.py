@@ -7,7 +7,8 @@ view in the round trip of its rows; Feast's own writers do not), readers (the fe
 `featurectl status`) read the whole hash in one HGETALL. The record only moves forward: a Lua script keeps the
 greater of the stored and the given time, so writers in several processes (the stream's window writers, a
 materialization beside them) need no coordination, and a command sent twice (a retry after a lost reply) changes
-nothing.
+nothing. When it raised a view's time, the script also appends the record, as it now stands, to the project's
+history (`redis_store.freshness_history`, at most one sample per few seconds), which `featurectl report` plots.
 
 Why Redis and not the registry database: every writer already holds a Redis connection on its write path and
 none of them holds one to the registry (a SQLite file or PostgreSQL, whose write locks `apply` and the backfill
@@ -24,20 +25,25 @@ from typing import Mapping, Optional
 import hiredis
 
 from redis_store.cluster import SyncCluster
+from redis_store.freshness_history import APPEND_SAMPLE, history_key
 from redis_store.node import SyncNode, check_replies
 from redis_store.settings import RedisSettings
 from redis_store.writes import slots_of, writes_for
 
 RETRY_S = 30.0
 
-# KEYS[1]: the project's record. ARGV: view, event time in ms, alternating. Keeps the greater time per view.
+# KEYS[1]: the project's record, KEYS[2] its history (one slot). ARGV: view, event time in ms, alternating. Keeps
+# the greater time per view; when one moved, samples the record into the history.
 KEEP_NEWEST = """
+local raised = false
 for i = 1, #ARGV, 2 do
   local held = tonumber(redis.call('HGET', KEYS[1], ARGV[i]))
   if held == nil or held < tonumber(ARGV[i + 1]) then
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    raised = true
   end
 end
+if raised then""" + APPEND_SAMPLE + """end
 return 0
 """
 
@@ -50,7 +56,7 @@ def record_command(project: str, newest_ms: Mapping[str, int]) -> bytes:
     """The command that raises each view's recorded newest event time to `newest_ms[view]` where that is newer.
     EVAL with the script's text: any connection can send it, and Redis caches the compiled script."""
     args = [part for view, ms in sorted(newest_ms.items()) for part in (view, int(ms))]
-    return hiredis.pack_command(("EVAL", KEEP_NEWEST, 1, record_key(project), *args))
+    return hiredis.pack_command(("EVAL", KEEP_NEWEST, 2, record_key(project), history_key(project), *args))
 
 
 def read_command(project: str) -> bytes:
@@ -58,9 +64,10 @@ def read_command(project: str) -> bytes:
 
 
 def forget_command(project: str, views: Optional[list[str]] = None) -> bytes:
-    """Forget some views' records (their online values were cleared), or the whole project's (None)."""
+    """Forget some views' records (their online values were cleared), or the whole project's (None) with its
+    history."""
     if views is None:
-        return hiredis.pack_command(("DEL", record_key(project)))
+        return hiredis.pack_command(("DEL", record_key(project), history_key(project)))
     return hiredis.pack_command(("HDEL", record_key(project), *views))
 
 

@@ -161,6 +161,18 @@ class DriftMonitor:
             self._window(*key).add(values)
             await asyncio.sleep(0)
 
+    def summary(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """View -> feature -> the profile served values are compared with, how many of this worker's last sampled
+        values fall in each of its bins, and their PSI: what `/stats` shows under `drift`, for `featurectl report`
+        to draw the served distribution beside the offline one."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for (view, feature), window in sorted(self.windows.items()):
+            if window.filled:
+                out.setdefault(view, {})[feature] = {"psi": window.psi(), "values": window.filled,
+                                                     "counts": window.counts.tolist(),
+                                                     "profile": window.profile.to_json()}
+        return out
+
     def collect(self) -> Iterator[Metric]:
         drift = GaugeMetricFamily("featurectl_feature_drift", "drift of served values from the latest backfill's "
                                   "profile (PSI over its bins)", labels=["view", "feature", "statistic"])

@@ -308,7 +308,10 @@ class FeatureServer:
         return 200, exposition(self.stats, self.drift, snapshot), METRICS_TYPE.encode()
 
     async def stats_json(self, body: Optional[bytes]) -> Reply:
-        return 200, orjson.dumps(self.stats.merged().summary()), JSON
+        summary = self.stats.merged().summary()
+        if self.drift is not None:
+            summary["drift"] = self.drift.summary()
+        return 200, orjson.dumps(summary), JSON
 
     async def openapi(self, body: Optional[bytes]) -> Reply:
         return 200, self._openapi, JSON

@@ -106,7 +106,8 @@ OPENAPI: dict[str, Any] = {
         "/ready": _get("Registry loaded and Redis answering; `registry.state` is `cached` while the registry is "
                        "unreachable (the definitions read last are served)", _json({"type": "object"}), 503),
         "/metrics": _get("Prometheus metrics", {"content": {"text/plain": {"schema": {"type": "string"}}}}),
-        "/stats": _get("Latency percentiles per endpoint and feature service, rows served per view",
+        "/stats": _get("Latency percentiles per endpoint and feature service, rows served per view, the sampled "
+                       "served values per profiled feature (`drift`: counts per bin of its profile, PSI)",
                        _json({"type": "object"})),
         "/openapi.json": _get("This document", _json({"type": "object"})),
     },

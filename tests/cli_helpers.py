@@ -1,5 +1,6 @@
 """What several suites share outside fixtures: the repo root, the CLI as a subprocess, a scratch copy of the
-example repo, a free port, one of the CLI's HTTP servers started and stopped, another folder's helper module.
+example repo, a free port, one of the CLI's HTTP servers started and stopped, another folder's helper module,
+headless Chromium.
 
 Tests import this module, never `conftest` (two conftest files make `import conftest` ambiguous).
 """
@@ -146,3 +147,17 @@ def generation_app_in_thread(make_service: Callable[[], Any], start_s: float = 6
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def chromium(profile: Path, *args: str) -> str:
+    """Headless Chromium (no sandbox: CI runs as root); virtual time stands still while the page fetches, so
+    `--virtual-time-budget` lets it load and draw before the DOM or the screenshot is taken; returns its stdout."""
+    import pytest
+
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("chromium is not installed: scripts/setup.sh apt-installs it")
+    done = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                           "--virtual-time-budget=20000", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

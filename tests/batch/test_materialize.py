@@ -18,6 +18,7 @@ from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
 from redis_store import layout
 from redis_store.freshness import record_key
+from redis_store.freshness_history import history_key
 
 pytestmark = pytest.mark.integration
 
@@ -178,7 +179,7 @@ def test_missing_offline_table_says_what_to_run(tmp_path, local_services):
 
 
 def _cleanup(client, project: str) -> None:
-    client.delete(record_key(project))
+    client.delete(record_key(project), history_key(project))
     suffix = project.encode()
     keys = [key for key in client.scan_iter(count=10_000) if key.endswith(suffix)]
     for lo in range(0, len(keys), 1_000):

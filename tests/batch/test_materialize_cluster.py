@@ -1,6 +1,6 @@
 """Materialization into a Redis Cluster of the test's own (3 masters on free ports): the same hashes, byte for
 byte and with the same ttl, as materializing into one node; read back alike by our SDK and by Feast's own
-cluster reader; older rows never overwrite newer ones."""
+cluster reader; older rows never overwrite newer ones; the freshness record and its history land in one slot."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import redis
 
 from batch.materialize import materialize_view
 from cli_helpers import copy_example_repo, featurectl, register_repo
+from common.config import load_config
 from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
 from featurectl.services.scratch_redis import RedisServer, redis_cluster
+from redis_store.freshness import read_newest
+from redis_store.freshness_history import read_history
 from redis_store.settings import RedisSettings
 from serving.client import OnlineClient
 
@@ -114,3 +117,13 @@ def test_our_sdk_and_feasts_cluster_reader_read_what_one_node_returns(loaded):
     assert FeatureStore(repo_path=str(repos["cluster"])).get_online_features(features, rows).to_dict() == expected
     with OnlineClient.from_repo(repos["cluster"]) as client:
         assert client.get_features(features, {"asset_id": [r["asset_id"] for r in rows]}) == expected
+
+
+def test_the_freshness_record_and_its_history_are_written_on_the_cluster(loaded):
+    repos, project, _, _, _ = loaded
+    single, cluster = (RedisSettings.from_config(load_config(repos[name])) for name in ("single", "cluster"))
+    assert cluster.cluster
+    newest = read_newest(cluster, project)
+    assert newest == read_newest(single, project) and set(newest) == {VIEW}
+    history = read_history(cluster, project)
+    assert history and history[-1].newest_ms == newest, "the run that raised the record sampled it"

@@ -156,6 +156,19 @@ def test_each_check_is_the_oracle_over_the_rows_of_the_range(checked):
     assert not record.passed and {c.feature for c in record.failed} == {"revenue_1h", "channel", "sales_1h"}
 
 
+def test_the_null_rate_of_every_feature_is_recorded(checked):
+    rows, record, _, url = checked
+    rows = in_range(rows)
+    features = ("revenue_1h", "sales_1h", "channel", "paid")
+    want = {f: sum(not has_value(r[f]) for r in rows) / len(rows) for f in features}
+    assert record.null_rates == pytest.approx(want) and 0 < want["channel"] < 1
+    quality_log = QualityLog(url)
+    try:
+        assert quality_log.records("shops", "shop_sales")[-1].null_rates == pytest.approx(want)
+    finally:
+        quality_log.close()
+
+
 def test_profiles_weigh_each_row_by_the_time_it_holds(checked):
     rows, record, _, _ = checked
     rows = in_range(rows)

@@ -21,6 +21,7 @@ from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.types import ValueType
 from redis_store.forget import EntityMatch, OnlineEraser
 from redis_store.freshness import read_newest, record_key
+from redis_store.freshness_history import history_key
 from redis_store.layout import KeyEncoder
 from redis_store.settings import RedisSettings
 
@@ -203,7 +204,7 @@ def test_delete_an_entity_then_teardown_the_project(tmp_path, local_services):
     assert not (tmp_path / "data" / "offline" / "player_totals").exists() and not job.exists()
     assert (tmp_path / "data" / "plays").exists()
     assert _online_keys(client, project) == set()
-    assert not client.exists(record_key(project)), "the newest event times go with the values"
+    assert not client.exists(record_key(project), history_key(project)), "the newest event times go with the values"
     assert [k.key_id for k in project_keys(repo).list()] == []
     assert other.key_id in [k.key_id for k in project_keys(tmp_path / (project + "x")).list()]
     assert mine.key_id not in [k.key_id for k in project_keys(tmp_path / (project + "x")).list()]

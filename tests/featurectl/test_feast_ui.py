@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import ROOT, cli_server, copy_example_repo, featurectl, free_port
+from cli_helpers import ROOT, chromium, cli_server, copy_example_repo, featurectl, free_port
 from featurectl.services.scratch_redis import stop_process
 
 KAFKA = "kafka://127.0.0.1:19092"
@@ -42,20 +41,8 @@ def ui(applied):
         yield server.url + f"/p/{applied[1]}"
 
 
-def _chromium(profile: Path, *args: str) -> str:
-    """Headless Chromium (no sandbox: CI runs as root); virtual time stands still while the page fetches, so
-    `--virtual-time-budget` lets it load the registry and draw before the DOM or the screenshot is taken."""
-    exe = shutil.which("chromium")
-    if exe is None:
-        pytest.fail("chromium is not installed: scripts/setup.sh apt-installs it")
-    done = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                           "--virtual-time-budget=20000", *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def _dom(url: str, tmp_path: Path) -> str:
-    return html.unescape(_chromium(tmp_path / "profile", "--dump-dom", url))
+    return html.unescape(chromium(tmp_path / "profile", "--dump-dom", url))
 
 
 def test_the_feature_view_list_shows_every_view(ui, applied, tmp_path):

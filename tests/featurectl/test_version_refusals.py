@@ -24,6 +24,7 @@ from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
 from featurectl.offline_versions import StaleOfflineError
 from redis_store.freshness import record_key
+from redis_store.freshness_history import history_key
 from serving import AsyncOnlineClient, OnlineClient
 from serving.errors import VersionConflictError
 from serving.http_app import FEATURES_PATH, FeatureServer
@@ -84,7 +85,7 @@ def _online_writer(repo: Path) -> tuple[str, str, bool]:
 
 
 def _delete_keys(project: str, client: redis.Redis) -> None:
-    client.delete(record_key(project))
+    client.delete(record_key(project), history_key(project))
     keys = [key for key in client.scan_iter(count=10_000) if key.endswith(project.encode())]
     if keys:
         client.delete(*keys)

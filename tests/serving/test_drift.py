@@ -5,6 +5,7 @@ known profiles, the window of the last values, the per-second budget of the requ
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
 import time
@@ -68,6 +69,10 @@ def test_psi_per_feature_is_exactly_the_formula_over_the_values_served():
                        ("x", "psi"): pytest.approx(psi([0.5, 0.3, 0.2], [2, 2, 2]))}
     assert {s.labels["feature"]: s.value for s in families["featurectl_feature_drift_values"].samples} == {
         "c": 5, "x": 6}
+    summary = drift.summary()["v"]
+    assert summary["x"] == {"psi": drift.windows[("v", "x")].psi(), "values": 6, "counts": [2, 2, 2],
+                            "profile": NUMBERS.to_json()}
+    assert summary["c"]["counts"] == [3, 1, 1] and summary["c"]["profile"]["categories"] == ["a", "b"]
 
 
 def test_an_empty_bin_counts_as_the_floor_and_the_same_shares_give_zero():
@@ -149,6 +154,7 @@ def test_featurectl_serve_exports_the_drift_of_what_it_served(tmp_path, local_se
                         time.monotonic() > deadline:
                     break
                 time.sleep(0.3)
+            stats = json.loads(get(url, "/stats")[1])["drift"]
     finally:
         store.teardown()
 
@@ -162,3 +168,6 @@ def test_featurectl_serve_exports_the_drift_of_what_it_served(tmp_path, local_se
     assert metric("featurectl_feature_drift", "asset_attributes", "category") == pytest.approx(
         psi([0.7, 0.2, 0.1], [5, 1, 2]), rel=1e-9)
     assert metric("featurectl_feature_drift_values", "asset_activity", "views_1h") == len(served_views)
+    assert stats["asset_activity"]["views_1h"]["counts"] == [3, 2, 3]
+    assert stats["asset_attributes"]["category"]["counts"] == [5, 1, 2]
+    assert stats["asset_attributes"]["category"]["psi"] == pytest.approx(psi([0.7, 0.2, 0.1], [5, 1, 2]), rel=1e-9)

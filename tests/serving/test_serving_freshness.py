@@ -26,7 +26,7 @@ from dsl import load_repo
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.types import ValueType
 from featurectl.status_commands import render
-from redis_store import freshness
+from redis_store import freshness, freshness_history
 from redis_store.settings import RedisSettings
 from serving_env import feast_rows, feature_server, get, post
 
@@ -72,7 +72,7 @@ def repo(tmp_path_factory, local_services):
     feast_rows(store, "asset_attributes", {"a_new": {"category": "chair"}})
     yield repo, project, (start, end)
     client = redis.Redis(*local_services.redis_host_port)
-    client.delete(freshness.record_key(project))
+    client.delete(freshness.record_key(project), freshness_history.history_key(project))
     for key in client.scan_iter(match=f"*{project}".encode(), count=10_000):
         client.delete(key)
 

@@ -31,6 +31,7 @@ from dsl.feature_view import FeatureView
 from feature_repo.sample_data import SampleSpec, interaction_columns
 from redis_store import layout as redis_layout
 from redis_store.freshness import record_key
+from redis_store.freshness_history import history_key
 from streaming.status import read_statuses
 
 BOOTSTRAP = "127.0.0.1:19092"
@@ -107,7 +108,7 @@ class StreamRepo:
         client = redis.Redis(port=REDIS_PORT)
         for key in client.scan_iter(match=b"*" + self.project.encode(), count=10_000):
             client.delete(key)
-        client.delete(record_key(self.project))
+        client.delete(record_key(self.project), history_key(self.project))
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import redis
 
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.types import ValueType
-from redis_store import freshness, layout
+from redis_store import freshness, freshness_history, layout
 from redis_store.settings import RedisSettings
 from sink_view import VIEW, T
 from streaming.redis_sink import RedisSink
@@ -69,4 +69,4 @@ def test_the_sink_records_the_newest_event_time_it_wrote_and_never_lowers_it(sin
         assert freshness.read_newest(settings, project) == {"shop_orders": T}
     finally:
         sink.close()
-        client.delete(freshness.record_key(project))
+        client.delete(freshness.record_key(project), freshness_history.history_key(project))

@@ -244,11 +244,12 @@ class FeatureServer:
             nonlocal logged
             request, replies = await client.fetch(features, entities, full)
             spec = self._logged(features)
-            if spec is None and (self.drift is None or not self.drift.sampling()):
-                written = request.answer_json(replies)  # one plain row: its bytes, with no columns built
-                if written is not None:
-                    self.stats.served.count(written[1])
-                    return written[0]
+            written = request.answer_json(replies) if spec is None else None  # one plain row: no columns built
+            if written is not None:
+                self.stats.served.count(written[1])
+                if self.drift is not None and self.drift.sampling():
+                    self.drift.offer(features, request.finish(replies))
+                return written[0]
             response = request.finish(replies)
             self.stats.served.count(response.views)
             if self.drift is not None:

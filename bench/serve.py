@@ -197,15 +197,17 @@ def _on_demand(repo: Path, store, features: list[str], ids: list[str], requests:
     return out["ours"], out["peer"]
 
 
-def _drained(port: int, within_s: float = 0.05, patience_s: float = 60.0) -> None:
-    """Wait until the server answers `/health` within `within_s`: an overloaded server (Feast's after the load
+def _drained(port: int, body: bytes, within_s: float = 0.25, patience_s: float = 120.0) -> None:
+    """Wait until a feature request is answered within `within_s`: an overloaded server (Feast's after the load
     phase) still works through the requests of the clients that gave up, and a step must not inherit them."""
     deadline = time.monotonic() + patience_s
     while time.monotonic() < deadline:
         start = time.monotonic()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/get-online-features", data=body,
+                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=patience_s):
-                pass
+            with urllib.request.urlopen(request, timeout=patience_s) as reply:
+                reply.read()
         except OSError:
             time.sleep(0.5)
             continue
@@ -220,8 +222,9 @@ def _held_rate(port: int, bodies_file: Path, steps: list[float], seconds: float)
     hold (one may be a hiccup of the shared host). Each step is its own open-loop run, so a slow step's queue
     never spills into the next."""
     held, missed, tried = 0.0, 0, []
+    probe = json.dumps(json.loads(bodies_file.read_text())[0]).encode()
     for rate in steps:
-        _drained(port)
+        _drained(port, probe)
         result = open_loop(port, bodies_file, rate, seconds)
         tried.append({"rate": rate, "rps": result["rps"], "errors": result["errors"], "p99_ms": result["p99_ms"]})
         if result["errors"] or result["rps"] < 0.95 * rate or not result["p99_ms"] <= HELD_P99_MS:

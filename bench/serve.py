@@ -13,6 +13,9 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
   `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's; the server's CPU
   (user + system, its workers included) over that phase per request answered is `cpu_per_request_us`, and
   Redis's (`INFO cpu`; anything else using that Redis in the same seconds counts too) `redis_cpu_per_request_us`.
+  Then each side climbs `--rate-steps` (`--step-seconds` each) until two steps in a row miss: `held_rate_per_s`,
+  the highest rate one worker held with 0 errors and P99 <= 10 ms (the generator shares the host's cores), and
+  `held_rate_steps`, what each step measured.
 - On-demand: the same 1- and 100-entity SDK calls with and without the two features of `bench_on_demand` (added
   to the bench repo: 2 stored inputs, `likes_24h` and `views_24h`, which the 20 features already read, and 2
   request fields), ours then Feast's on the same definition. Each side alternates the two calls one by one (and
@@ -46,6 +49,7 @@ PROJECT = "servebench"
 ATTRIBUTES = ["category", "style", "bbox_x", "polygon_count"]
 TARGETS = {"sdk_1_p99_ms": 0.25, "sdk_100_p99_ms": 3.0, "http_1_p99_ms": 1.5, "http_load_p99_ms": 5.0,
            "sdk_1_od_added_p99_us": 30, "sdk_100_od_added_p99_us": 1000}
+HELD_P99_MS = 10.0  # the tail a rate must keep to count as held (`held_rate_per_s`)
 ON_DEMAND = '''
 
 bench_request = RequestFields("bench_request", {"prompt": String, "boost": Float64})
@@ -193,8 +197,48 @@ def _on_demand(repo: Path, store, features: list[str], ids: list[str], requests:
     return out["ours"], out["peer"]
 
 
+def _drained(port: int, body: bytes, within_s: float = 0.25, patience_s: float = 120.0) -> None:
+    """Wait until a feature request is answered within `within_s`: an overloaded server (Feast's after the load
+    phase) still works through the requests of the clients that gave up, and a step must not inherit them."""
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/get-online-features", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=patience_s) as reply:
+                reply.read()
+        except OSError:
+            time.sleep(0.5)
+            continue
+        if time.monotonic() - start <= within_s:
+            return
+        time.sleep(0.5)
+
+
+def _held_rate(port: int, bodies_file: Path, steps: list[float], seconds: float) -> tuple[float, list[dict]]:
+    """The highest of `steps` (ascending) that the server holds for `seconds` with 0 errors, its answers keeping
+    pace (95% of the rate) and P99 <= `HELD_P99_MS`; the search stops after two steps in a row that it does not
+    hold (one may be a hiccup of the shared host). Each step is its own open-loop run, so a slow step's queue
+    never spills into the next."""
+    held, missed, tried = 0.0, 0, []
+    probe = json.dumps(json.loads(bodies_file.read_text())[0]).encode()
+    for rate in steps:
+        _drained(port, probe)
+        result = open_loop(port, bodies_file, rate, seconds)
+        tried.append({"rate": rate, "rps": result["rps"], "errors": result["errors"], "p99_ms": result["p99_ms"]})
+        if result["errors"] or result["rps"] < 0.95 * rate or not result["p99_ms"] <= HELD_P99_MS:
+            missed += 1
+            if missed == 2:
+                break
+        else:
+            held, missed = rate, 0
+    return held, tried
+
+
 def _http(repo: Path, features: list[str], ids: list[str], requests: int, batches: int, rate: float,
-          seconds: float, workers: int, rng: np.random.Generator, scratch: Path) -> tuple[dict, dict]:
+          seconds: float, workers: int, rng: np.random.Generator, scratch: Path,
+          steps: list[float], step_seconds: float) -> tuple[dict, dict]:
     from common.config import load_config
 
     singles = [{"features": features, "entities": {"asset_id": [ids[i]]}}
@@ -228,6 +272,9 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
             if side == "ours":  # the features whose drift the server kept while under load (sampling was on)
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
                     out[side]["drift_features"] = reply.read().count(b"featurectl_feature_drift{")
+            if steps:
+                out[side]["held_rate_per_s"], out[side]["held_rate_steps"] = _held_rate(port, bodies_file, steps,
+                                                                                          step_seconds)
             out[side].update({"http_load_rps": result["rps"], "http_load_errors": result["errors"],
                               "cpu_per_request_us": round(cpu_us, 1), "redis_cpu_per_request_us": round(redis_us, 1),
                               **{f"http_load_{k}": result[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms")}})
@@ -248,13 +295,21 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
 @click.option("--http-batch-requests", default=200, show_default=True, help="sequential HTTP 100-entity requests")
 @click.option("--rate", default=2000.0, show_default=True, help="requests/s of the load phase")
 @click.option("--load-seconds", default=30.0, show_default=True)
+@click.option("--rate-steps", default="250,500,1000,2000,3000,4000,5000,6000,8000,10000", show_default=True,
+              help="request rates (/s) tried in turn, each side, for the highest one held at P99 <= 10 ms; "
+                   "empty: no search")
+@click.option("--step-seconds", default=3.0, show_default=True, help="seconds of load per rate step")
 @click.option("--workers", default=1, show_default=True, help="server worker processes, both sides")
 @click.option("--seed", default=7, show_default=True)
 @click.pass_obj
 def command(ctx, assets: int, sdk_requests: int, batch_requests: int, od_requests: int, od_batch_requests: int,
-            http_requests: int, http_batch_requests: int, rate: float, load_seconds: float, workers: int,
-            seed: int) -> None:
+            http_requests: int, http_batch_requests: int, rate: float, load_seconds: float, rate_steps: str,
+            step_seconds: float, workers: int, seed: int) -> None:
     """Online serving: our SDK and HTTP server against Feast's, 20 features over 2 views, and an on-demand view."""
+    try:
+        steps = sorted(float(step) for step in rate_steps.split(",") if step.strip())
+    except ValueError:
+        raise click.BadParameter(f"{rate_steps!r} is not a comma-separated list of rates", param_hint="--rate-steps")
     cfg = ctx.config()
     load_before = os.getloadavg()[0]  # other work on the machine shows in the tails: say how busy it was
     repo = bench_repo(cfg.state_dir / "bench-serve", PROJECT, ON_DEMAND)
@@ -271,7 +326,7 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, od_request
     peer.update(od_peer)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:
         http_ours, http_peer = _http(repo, features, ids, http_requests, http_batch_requests, rate, load_seconds,
-                                     workers, rng, Path(scratch))
+                                     workers, rng, Path(scratch), steps, step_seconds)
     ours.update(http_ours)
     peer.update(http_peer)
     met = {f"{k}<={v}": ours[k] <= v for k, v in TARGETS.items()}
@@ -280,7 +335,8 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, od_request
                                "batch_requests": batch_requests, "od_requests": od_requests,
                                "od_batch_requests": od_batch_requests, "http_requests": http_requests,
                                "http_batch_requests": http_batch_requests, "load_rate": rate,
-                               "load_seconds": load_seconds, "server_workers": workers, "cpus": os.cpu_count(),
+                               "load_seconds": load_seconds, "rate_steps": steps, "step_seconds": step_seconds,
+                               "held_p99_ms": HELD_P99_MS, "server_workers": workers, "cpus": os.cpu_count(),
                                "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                                "redis_ping_ms": floor,
                                "targets_met": met})

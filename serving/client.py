@@ -161,8 +161,15 @@ class AsyncOnlineClient(_ClientCore):
 
     async def get_online_features(self, features: Features, entity_rows: EntityRows, *,
                                   full_feature_names: bool = False) -> OnlineFeatures:
+        request, replies = await self.fetch(features, entity_rows, full_feature_names)
+        return request.finish(replies)
+
+    async def fetch(self, features: Features, entity_rows: EntityRows,
+                    full_feature_names: bool = False) -> tuple[PreparedRequest, list]:
+        """The request and its replies, not yet decoded: the feature server writes a one-row answer straight
+        from them (`PreparedRequest.answer_json`)."""
         request = self.prepare(features, entity_rows, full_feature_names)
-        return request.finish(await self.redis.read(request.keys, request.commands) if request.commands else [])
+        return request, await self.redis.read(request.keys, request.commands) if request.commands else []
 
     @overload
     async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,

@@ -77,6 +77,10 @@ class DriftMonitor:
         self.pending: list[tuple[Any, OnlineFeatures]] = []
         self.budget = rows_per_second
 
+    def sampling(self) -> bool:
+        """Whether `offer` would keep a response now: while it would not, the server need not build one."""
+        return self.budget > 0
+
     def offer(self, features: Any, response: OnlineFeatures) -> None:
         """On the request path: keep the response for the next drain while this second's budget lasts."""
         if self.budget > 0:

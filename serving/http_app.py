@@ -242,15 +242,22 @@ class FeatureServer:
 
         async def fetched(client: AsyncOnlineClient) -> bytes:
             nonlocal logged
-            response = await client.get_online_features(features, entities, full_feature_names=full)
+            request, replies = await client.fetch(features, entities, full)
+            spec = self._logged(features)
+            written = request.answer_json(replies) if spec is None else None  # one plain row: no columns built
+            if written is not None:
+                self.stats.served.count(written[1])
+                if self.drift is not None and self.drift.sampling():
+                    self.drift.offer(features, request.finish(replies))
+                return written[0]
+            response = request.finish(replies)
             self.stats.served.count(response.views)
             if self.drift is not None:
                 self.drift.offer(features, response)
             answer = response.to_feast_response()
-            payload = orjson.dumps(answer)
-            if isinstance(features, str):
-                logged = self._log(features, answer, request_id)
-            return payload
+            if spec is not None:
+                logged = self.feature_log.offer(spec, answer, request_id)  # type: ignore[union-attr]
+            return orjson.dumps(answer)
 
         status, payload, kind = await self._call("get-online-features", fetched)
         return status, payload, kind, ((b"x-request-id", logged.encode()),) if logged else ()
@@ -280,12 +287,11 @@ class FeatureServer:
             logger.error("%s failed: %s", what, exc)
             return _error(503, exc, "repo_error")
 
-    def _log(self, service: str, answer: dict, request_id: Optional[str]) -> Optional[str]:
-        """The request id logged with the answer, when its service logs and the request is sampled."""
-        spec = self.client.registry.catalog.logged.get(service)
-        if spec is None or self.feature_log is None:
+    def _logged(self, features: Any) -> Any:
+        """The logging spec of a requested feature service that logs its answers; None: nothing to log."""
+        if self.feature_log is None or not isinstance(features, str):
             return None
-        return self.feature_log.offer(spec, answer, request_id)
+        return self.client.registry.catalog.logged.get(features)  # type: ignore[union-attr]
 
     async def health(self, body: Optional[bytes]) -> Reply:
         return 200, b'{"status":"ok"}', JSON

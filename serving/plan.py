@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from common.errors import shown
 from dsl.types import ValueType
@@ -22,6 +22,9 @@ from redis_store.layout import KeyEncoder
 from serving.catalog import Catalog, ViewSpec
 from serving.errors import RequestError, UnknownFeatureError, UnknownServiceError, VersionConflictError
 from serving.on_demand import OnDemandRead, OnDemandSpec
+
+if TYPE_CHECKING:
+    from serving.row_answer import RowAnswer
 
 _LENGTH_PREFIX = [b"$%d\r\n" % n for n in range(512)]
 
@@ -82,6 +85,7 @@ class Plan:
     service: Optional[str]
     on_demand: list[OnDemandRead] = field(default_factory=list)
     request_fields: dict[str, Optional[ValueType]] = field(default_factory=dict)  # columns beside the join keys
+    row_answer: Optional[RowAnswer] = field(default=None, repr=False)  # one row's JSON writer, made on first use
 
 
 def _parse_ref(ref: str, catalog: Catalog) -> tuple[ViewSpec | OnDemandSpec, str]:

@@ -10,13 +10,12 @@ from collections.abc import Mapping
 from itertools import chain
 from typing import Any, Optional, Sequence
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from common.errors import shown
 from dsl.types import ValueType
 from serving.errors import EntityError
 from serving.plan import Plan
-from serving.result import OnlineFeatures, ViewRows, parse_timestamps
+from serving.result import OnlineFeatures, ViewRows, parse_timestamps, view_row
+from serving.row_answer import RowAnswer
 
 EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 _STR = {str}
@@ -146,6 +145,17 @@ class PreparedRequest:
                 views[read.view.name] = rows
         return self._answer(values, rows_of, views)
 
+    def answer_json(self, replies: list) -> Optional[tuple[bytes, dict[str, ViewRows]]]:
+        """For one entity row without on-demand views, Feast's JSON answer written straight from the replies
+        (`serving.row_answer`) and each view's row; None for other requests (`finish` then
+        `to_feast_response`)."""
+        plan = self.plan
+        if self.rows != 1 or plan.on_demand:
+            return None
+        if plan.row_answer is None:
+            plan.row_answer = RowAnswer(plan)
+        return plan.row_answer.encode(self.entities, replies, time.time() * 1000)
+
     def _finish_row(self, replies: list) -> OnlineFeatures:
         """One entity row, the usual online request: each batch's values are picked from the row's reply in C,
         with no transposition into columns (warm: 14 us against the general path's 19.5 us for one row)."""
@@ -155,7 +165,7 @@ class PreparedRequest:
         views: dict[str, ViewRows] = {}
         for group, row in zip(self.plan.groups, replies):
             for read in group.views:
-                rows = _view_row(row[read.ts_pos], read.view.ttl_ms, now_ms)
+                rows = view_row(row[read.ts_pos], read.view.ttl_ms, now_ms)
                 if rows.missing or rows.stale:
                     values.update((name, [None]) for name in read.names)
                 else:
@@ -172,17 +182,6 @@ class PreparedRequest:
         for read in self.plan.on_demand:
             read.apply(values, rows_of, self.entities, self.request, self.rows)
         return OnlineFeatures(self.entities, self.plan.names, values, self.plan.kinds, rows_of, views)
-
-
-def _view_row(ts_raw: Optional[bytes], ttl_ms: Optional[int], now_ms: float) -> ViewRows:
-    """`_view_rows` of a single row."""
-    if ts_raw is None:
-        return ViewRows((None,), [0], [])
-    if not ttl_ms:
-        return ViewRows((ts_raw,), [], [])
-    stamp = Timestamp.FromString(ts_raw)
-    stale = [0] if stamp.seconds * 1000 + stamp.nanos // 1_000_000 < now_ms - ttl_ms else []
-    return ViewRows((ts_raw,), [], stale, ([stamp.seconds], [stamp.nanos]))
 
 
 def _view_rows(ts_raw: Sequence, ttl_ms: int | None, now_ms: float) -> ViewRows:

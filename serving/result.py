@@ -159,3 +159,14 @@ class OnlineFeatures:
             results.append({"values": _json_floats(values) if self.kinds[name] in _FLOATS else values,
                             "statuses": rows.statuses(values), "event_timestamps": rows.timestamps()})
         return {"metadata": {"feature_names": [*self.entities, *self.names]}, "results": results}
+
+
+def view_row(ts_raw: Optional[bytes], ttl_ms: Optional[int], now_ms: float) -> ViewRows:
+    """A single row's `ViewRows`: missing, or older than `ttl_ms` at `now_ms` (`serving.request._view_rows` of many)."""
+    if ts_raw is None:
+        return ViewRows((None,), [0], [])
+    if not ttl_ms:
+        return ViewRows((ts_raw,), [], [])
+    stamp = Timestamp.FromString(ts_raw)
+    stale = [0] if stamp.seconds * 1000 + stamp.nanos // 1_000_000 < now_ms - ttl_ms else []
+    return ViewRows((ts_raw,), [], stale, ([stamp.seconds], [stamp.nanos]))

@@ -134,7 +134,8 @@ def test_materialized_vectors_read_back_by_feast(tmp_path, local_services):
     path = tmp_path / "offline"
     path.mkdir()
     pq.write_table(table, path / "part.parquet")
-    materialize_view(RedisSettings.from_config(cfg), view, project, path, when - dt.timedelta(hours=1), when + dt.timedelta(hours=1))
+    hour = dt.timedelta(hours=1)
+    materialize_view(RedisSettings.from_config(cfg), view, project, path, when - hour, when + hour)
     theirs = store.get_online_features(["asset_shape:embedding", "asset_shape:faces"],
                                        [{"asset_id": i} for i in ["m1", "m2", "m3", "m4"]]).to_dict()
     assert [list(v) for v in theirs["embedding"]] == vectors.tolist() and theirs["faces"] == [1, 2, 3, 4]

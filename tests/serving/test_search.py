@@ -126,3 +126,57 @@ def test_feast_reads_the_same_index(env):
                                        [{"asset_id": a} for a in theirs["asset_id"]]).to_dict()
     by_id = {asset: i for i, asset in enumerate(ids)}
     assert [list(v) for v in stored["embedding"]] == [vectors[by_id[a]].tolist() for a in theirs["asset_id"]]
+
+
+def _post_documents(repo, body: dict) -> tuple[int, dict]:
+    """`POST /retrieve-online-documents` answered by the feature server's app in this process (Milvus Lite
+    serves one process at a time: a `featurectl serve` subprocess could not open the test's index)."""
+    import json
+
+    from serving.client import AsyncOnlineClient
+    from serving.http_app import DOCUMENTS_PATH, FeatureServer
+
+    async def answer() -> tuple[int, dict]:
+        app = FeatureServer(make_client=lambda: None)
+        app.client = AsyncOnlineClient.from_repo(repo, refresh_s=0)
+        try:
+            status, payload, _, _ = await app.respond("POST", DOCUMENTS_PATH, json.dumps(body).encode())
+        finally:
+            await app.client.close()
+        return status, json.loads(payload)
+
+    return asyncio.run(answer())
+
+
+def test_http_retrieve_online_documents_in_feasts_shape(env):
+    repo, client, ids, categories, vectors = env
+    query = np.random.default_rng(9).normal(size=DIM).astype(np.float32)
+    status, body = _post_documents(repo, {
+        "features": ["asset_shape:embedding", "asset_shape:category"], "query": query.tolist(), "top_k": 4,
+        "api_version": 2, "filters": {"type": "and", "filters": [{"key": "category", "type": "in",
+                                                                  "value": ["chair", "lamp"]}]}})
+    assert status == 200, body
+    kept = [i for i, c in enumerate(categories) if c != "table"]
+    expected = _exact(vectors, query, 4, kept)
+    assert body["metadata"]["feature_names"] == ["asset_id", "category", "distance"]
+    assert [r["values"] for r in body["results"][:2]] == [[ids[i] for i in expected],
+                                                          [categories[i] for i in expected]]
+    status, body = _post_documents(repo, {"features": ["asset_shape:embedding"], "query": [1.0, 2.0], "top_k": 3})
+    assert status == 400 and body["code"] == "bad_search" and "give 8" in body["error"]
+
+
+def test_cli_similar_prints_the_nearest_assets(env):
+    from click.testing import CliRunner
+
+    from featurectl.cli import Context
+    from featurectl.similar_commands import similar
+
+    repo, _, ids, categories, vectors = env
+    result = CliRunner().invoke(similar, ["s0", "-k", "3"], obj=Context(repo, None))
+    assert result.exit_code == 0, result.output
+    expected = _exact(vectors, vectors[0], 4)[1:]
+    lines = result.output.strip().splitlines()
+    assert lines[0] == "rank\tasset_id\tdistance\tcategory\tfaces"
+    assert [line.split("\t")[1] for line in lines[1:]] == [ids[i] for i in expected]
+    missing = CliRunner().invoke(similar, ["nobody"], obj=Context(repo, None))
+    assert missing.exit_code != 0 and "has no `asset_shape:embedding` in Redis" in str(missing.exception)

@@ -121,3 +121,23 @@ def _answers_ok(url: str) -> bool:
             return reply.status == 200
     except OSError:  # refused, not up yet, or an HTTP error status
         return False
+
+
+def answer_in_process(repo: Path, path: str, body: dict) -> tuple[int, dict]:
+    """`POST path` answered by the feature server's app in this process, with a client of `repo`."""
+    import asyncio
+    import json
+
+    from serving.client import AsyncOnlineClient
+    from serving.http_app import FeatureServer
+
+    async def answer() -> tuple[int, dict]:
+        app = FeatureServer(make_client=lambda: None)
+        app.client = AsyncOnlineClient.from_repo(repo, refresh_s=0)
+        try:
+            status, payload, _, _ = await app.respond("POST", path, json.dumps(body).encode())
+        finally:
+            await app.client.close()
+        return status, json.loads(payload)
+
+    return asyncio.run(answer())

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from cli_helpers import sibling
+from cli_helpers import answer_in_process, sibling
 from serving.vector_index import VectorSearchError
 
 pytestmark = pytest.mark.integration
@@ -129,23 +129,11 @@ def test_feast_reads_the_same_index(env):
 
 
 def _post_documents(repo, body: dict) -> tuple[int, dict]:
-    """`POST /retrieve-online-documents` answered by the feature server's app in this process (Milvus Lite
-    serves one process at a time: a `featurectl serve` subprocess could not open the test's index)."""
-    import json
+    """Answered in this process: Milvus Lite serves one process at a time, so a `featurectl serve` subprocess
+    could not open the test's index."""
+    from serving.http_app import DOCUMENTS_PATH
 
-    from serving.client import AsyncOnlineClient
-    from serving.http_app import DOCUMENTS_PATH, FeatureServer
-
-    async def answer() -> tuple[int, dict]:
-        app = FeatureServer(make_client=lambda: None)
-        app.client = AsyncOnlineClient.from_repo(repo, refresh_s=0)
-        try:
-            status, payload, _, _ = await app.respond("POST", DOCUMENTS_PATH, json.dumps(body).encode())
-        finally:
-            await app.client.close()
-        return status, json.loads(payload)
-
-    return asyncio.run(answer())
+    return answer_in_process(repo, DOCUMENTS_PATH, body)
 
 
 def test_http_retrieve_online_documents_in_feasts_shape(env):

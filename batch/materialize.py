@@ -114,10 +114,14 @@ def encode_commands(table: pa.Table, view: FeatureView, project: str,
 
 def materialize_view(settings: RedisSettings, view: FeatureView, project: str, offline_path: Path, start: datetime,
                      end: datetime, batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
-                     on_rows: Optional[Callable[[int], None]] = None) -> MaterializeStats:
+                     on_rows: Optional[Callable[[int], None]] = None,
+                     on_written: Optional[Callable[[pa.Table], None]] = None) -> MaterializeStats:
     """Write the latest value per entity in [start, end] of one view's offline table to the Redis of `settings`;
     every key written expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`). The
     newest event time of the rows is recorded as the view's (`redis_store.freshness`) once all are written.
+
+    `on_written` gets each batch of rows once they are sent (the latest per entity), from the encoding threads:
+    the vector index is filled from it.
 
     `encoders` threads encode batches side by side (Arrow and numpy release the GIL) while the writer's threads
     send; at most that many batches are in flight, so memory stays flat."""
@@ -134,6 +138,8 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
         chunk = RESTORE_ROWS if rows.restores is not None else writer.checked_rows
         for lo in range(0, len(rows), chunk):
             writer.send(rows.slice(lo, chunk))
+        if on_written is not None:
+            on_written(latest)
         return batch.num_rows, int(rows.millis.max())
 
     in_flight: deque = deque()

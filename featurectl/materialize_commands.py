@@ -13,6 +13,7 @@ backfill failed a data-quality check are refused unless `--allow-failed-checks V
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Optional
 
 import click
@@ -89,10 +90,15 @@ def _materialize(cfg, store, job, feast_view) -> None:
     from redis_store.settings import RedisSettings
 
     view, since, end = job.view, job.start, job.end
+    on_written = None
+    if view.vector_features:  # the vectors go to the vector index as well (`serving.vector_index`)
+        from serving.vector_index import VectorIndex
+
+        on_written = functools.partial(VectorIndex(cfg).write_table, view)
     with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
                                  offline_table_path(cfg.data_dir, view), since, end, key_ttl_s=cfg.key_ttl_seconds,
-                                 on_rows=bar.update)
+                                 on_rows=bar.update, on_written=on_written)
     store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
     click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
                f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than "

@@ -3,6 +3,7 @@
     client = OnlineClient.from_repo("feature_repo")
     client.get_features("asset_ranking", {"asset_id": ["a1", "a2"]})          # dict of columns
     client.get_features(["asset_activity:views_1h"], [{"asset_id": "a1"}], output="arrow")
+    client.search("asset_shape:embedding", vector, k=10, features=["category"])   # nearest neighbours
 
 One request = one pipelined round trip to Redis (one per node on a cluster), whatever the number of views.
 `AsyncOnlineClient` is the same client for asyncio servers: planning, encoding and decoding are shared; only
@@ -25,6 +26,7 @@ from serving.errors import ServingError
 from serving.plan import Plan, build_plan
 from serving.request import EntityRows, PreparedRequest
 from serving.result import OnlineFeatures
+from serving.search import SearchResult, feature_refs, hit_rows, plan_search, result
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     from serving.push import Pusher, PushResult
     from serving.push_request import PushMode
     from serving.push_rows import PushRows
+    from serving.search import SearchPlan
+    from serving.vector_index import VectorIndex
 
 Features = Sequence[str] | str  # `view:feature` references, or a feature service name
 Output = Literal["dict", "arrow", "pandas"]
@@ -53,6 +57,7 @@ class _ClientCore:
         self._plans: dict[tuple, Plan] = {}
         self._pusher: Optional[Pusher] = None
         self._pusher_lock = threading.Lock()
+        self._index: Optional[VectorIndex] = None
 
     @classmethod
     def from_repo(cls: type[Client], repo: str | Path = "feature_repo", registry: Optional[str] = None,
@@ -83,12 +88,32 @@ class _ClientCore:
             if self._pusher is None:
                 from serving.push import Pusher
 
-                repo_path = getattr(self.repo_config, "repo_path", None)
-                if repo_path is None:
-                    raise ServingError("push needs the feature repo folder: make the client with "
-                                       "`from_repo(PATH)` or a RepoConfig with `repo_path`")
-                self._pusher = Pusher(Path(repo_path))
+                self._pusher = Pusher(self._repo_path("push"))
             return self._pusher
+
+    def _repo_path(self, what: str) -> Path:
+        repo_path = getattr(self.repo_config, "repo_path", None)
+        if repo_path is None:
+            raise ServingError(f"{what} needs the feature repo folder: make the client with `from_repo(PATH)` or a "
+                               "RepoConfig with `repo_path`")
+        return Path(repo_path)
+
+    def vector_index(self) -> VectorIndex:
+        """The project's vector index (`serving.vector_index`), opened on the first search."""
+        with self._pusher_lock:
+            if self._index is None:
+                from common.config import load_config
+                from serving.vector_index import VectorIndex
+
+                self._index = VectorIndex(load_config(self._repo_path("search")))
+            return self._index
+
+    def plan_search(self, view_feature: str, vector: Any, k: int, filters: Optional[dict],
+                    features: Optional[Sequence[str]]) -> tuple[SearchPlan, list[tuple[str, float]]]:
+        """The plan and the index's hits (keys, distances) of a search: the blocking part, Redis aside."""
+        plan = plan_search(self.registry.catalog, view_feature, vector, k, filters, features)
+        return plan, self.vector_index().search(plan.collection, plan.feature, plan.kind, plan.vector, plan.k,
+                                                plan.expression)
 
     def _close_pusher(self) -> None:
         if self._pusher is not None:
@@ -135,6 +160,16 @@ class OnlineClient(_ClientCore):
         prepared = pusher.prepare(self.registry.catalog, source, rows, to)
         replies = self.redis.read(prepared.keys, prepared.commands) if prepared.commands else []
         return prepared.finish(replies, *pusher.write_events(prepared))
+
+    def search(self, view_feature: str, vector: Any, k: int = 10, filters: Optional[dict] = None,
+               features: Optional[Sequence[str]] = None) -> SearchResult:
+        """The `k` entities whose `view_feature` (a Vector feature, `view:feature`) is nearest to `vector`:
+        their ids (join keys), distances and the `features` of the same view asked for, nearest first.
+        `filters`: `{feature: value}` or `{feature: [values]}` on the view's other features (`serving.search`)."""
+        plan, hits = self.plan_search(view_feature, vector, k, filters, features)
+        rows = hit_rows(plan, self.registry.catalog.project, hits)
+        values = self.get_features(feature_refs(plan), rows) if rows and plan.features else None
+        return result(rows, hits, plan, values)
 
     def ping(self) -> None:
         self.redis.ping()
@@ -195,6 +230,14 @@ class AsyncOnlineClient(_ClientCore):
         replies = await self.redis.read(prepared.keys, prepared.commands) if prepared.commands else []
         written = await asyncio.get_running_loop().run_in_executor(None, pusher.write_events, prepared)
         return prepared.finish(replies, *written)
+
+    async def search(self, view_feature: str, vector: Any, k: int = 10, filters: Optional[dict] = None,
+                     features: Optional[Sequence[str]] = None) -> SearchResult:
+        """`OnlineClient.search`; the index is asked on a worker thread, Redis on this loop's connection."""
+        plan, hits = await asyncio.to_thread(self.plan_search, view_feature, vector, k, filters, features)
+        rows = hit_rows(plan, self.registry.catalog.project, hits)
+        values = await self.get_features(feature_refs(plan), rows) if rows and plan.features else None
+        return result(rows, hits, plan, values)
 
     async def ping(self) -> None:
         await self.redis.ping()

@@ -23,6 +23,7 @@ from common.errors import FeaturectlError
 from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from serving.asgi import answer_http
+from serving.documents_request import parse_documents_request
 from serving.drift import DriftMonitor
 from serving.api_keys import ApiKey
 from serving.client import AsyncOnlineClient
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 FEATURES_PATH = "/get-online-features"
 PUSH_PATH = "/push"
+DOCUMENTS_PATH = "/retrieve-online-documents"
 MAX_BODY_BYTES = 1 << 20
 MAX_ROWS = 10_000
 JSON = b"application/json"
@@ -129,6 +131,7 @@ class FeatureServer:
         self.stats = stats or ServerStats()
         self.routes: dict[str, tuple[str, Callable[[Optional[bytes]], Awaitable[Any]]]] = {
             FEATURES_PATH: ("POST", self.get_online_features), PUSH_PATH: ("POST", self.push),
+            DOCUMENTS_PATH: ("POST", self.retrieve_online_documents),
             "/health": ("GET", self.health), "/ready": ("GET", self.ready), "/metrics": ("GET", self.metrics),
             "/stats": ("GET", self.stats_json), "/openapi.json": ("GET", self.openapi),
         }
@@ -232,6 +235,31 @@ class FeatureServer:
         except RequestError as exc:
             status, payload, kind = _error(400, exc)
         return status, payload, kind, None, ()
+
+    async def retrieve_online_documents(self, body: Optional[bytes], api_key: Optional[str] = None
+                                        ) -> tuple[int, bytes, bytes, Optional[str], Any]:
+        """Feast's `POST /retrieve-online-documents` (`serving.search`): the nearest entities of a vector feature,
+        their distances and features. With API keys on, a search reads free feature lists (the `*` grant)."""
+        try:
+            key = self._identified(api_key, body, "send a smaller query")
+            if isinstance(key, Refusal):
+                return _refused(key)
+            refusal = self.gateway.admit(key, None, REQUESTS, 1) if key is not None else None  # type: ignore
+            if refusal is not None:
+                return _refused(refusal)
+            status, payload, kind = await self._call("retrieve-online-documents", lambda client: self._searched(
+                client, body))  # type: ignore[arg-type]
+        except TooLarge as exc:
+            status, payload, kind = _error(413, exc)
+        except RequestError as exc:
+            status, payload, kind = _error(400, exc)
+        return status, payload, kind, None, ()
+
+    @staticmethod
+    async def _searched(client: AsyncOnlineClient, body: bytes) -> bytes:
+        request = parse_documents_request(body, client.registry.catalog)
+        found = await client.search(request.reference, request.vector, request.k, request.filters, request.features)
+        return orjson.dumps(found.to_feast_response())
 
     @staticmethod
     async def _pushed(client: AsyncOnlineClient, name: str, rows: dict, to: str) -> bytes:

@@ -3,9 +3,11 @@ refused before any work is done on it, and an error message is cut to `MAX_ERROR
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
+
+from common.errors import shown
 
 MAX_DEPTH = 32
 MAX_ERROR_CHARS = 512
@@ -24,6 +26,22 @@ def load_json(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
         raise JsonBodyError(f"malformed JSON body: {str(exc)[:200]}") from None
     if body.count(b"[") + body.count(b"{") > max_depth and _deeper_than(data, max_depth):
         raise JsonBodyError(f"the JSON body is nested more than {max_depth} levels deep; no request needs that")
+    return data
+
+
+def load_object(body: bytes, fields: Sequence[str], needs: str, takes: str,
+                malformed: type[Exception], invalid: type[Exception]) -> dict[str, Any]:
+    """The body as a JSON object of known `fields` only: `malformed` when it is no JSON, `invalid` when it is no
+    object (it `needs` ...) or has another field (`takes` ... names the request)."""
+    try:
+        data = load_json(body)
+    except JsonBodyError as exc:
+        raise malformed(str(exc)) from None
+    if not isinstance(data, dict):
+        raise invalid(f"the body must be a JSON object with {needs}")
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise invalid(f"unknown field {shown(unknown[0])}; {takes} takes {', '.join(f'`{f}`' for f in fields)}")
     return data
 
 

@@ -44,6 +44,22 @@ _PUSHED = {"type": "object", "required": ["status", "push_source_name", "rows"],
     "history_file": {"type": ["string", "null"]}, "online_written": {"type": "integer"},
     "online_older_skipped": {"type": "integer"},
 }}
+_DOCUMENTS = {
+    "type": "object",
+    "required": ["features", "query"],
+    "properties": {
+        "features": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[^:]+:.+$"},
+                     "description": "`view:feature` references of one view: exactly one vector feature (the one "
+                                    "searched) and the features to return for each hit"},
+        "query": {"type": "array", "minItems": 1, "items": {"type": "number"},
+                  "description": "the query vector, of the vector feature's dimension"},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
+        "api_version": {"type": "integer", "default": 1},
+        "distance_metric": {"type": "string", "description": "ignored: the feature's declared metric is used"},
+        "filters": {"type": "object", "description": "Feast's filters: {key, type: eq | in, value} comparisons, "
+                                                     "alone or in {type: and, filters: [...]}"},
+    },
+}
 _RESPONSE = {"type": "object", "required": ["metadata", "results"], "properties": {
     "metadata": {"type": "object", "properties": {"feature_names": {"type": "array", "items": {"type": "string"}}}},
     "results": {"type": "array", "items": {"type": "object", "properties": {
@@ -102,6 +118,24 @@ OPENAPI: dict[str, Any] = {
                 "503": {"description": "Redis or Kafka unreachable", **_json({"$ref": "#/components/schemas/Error"})},
             },
         }},
+        "/retrieve-online-documents": {"post": {
+            "summary": "Nearest entities of a vector feature (Feast's request shape): their join keys, the "
+                       "requested features and `distance`, nearest first",
+            "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/RetrieveOnlineDocumentsRequest"})},
+            "responses": {
+                "200": {"description": "one result per column: join keys, features, distance", **_json(
+                    {"$ref": "#/components/schemas/GetOnlineFeaturesResponse"})},
+                "400": {"description": "malformed JSON, no vector feature, a query of another dimension, a bad "
+                                       "filter (`bad_search`)", **_json({"$ref": "#/components/schemas/Error"})},
+                "401": {"description": "API keys on: no key, or an unknown one",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+                "403": {"description": "API keys on: the key lacks the `*` grant (free feature lists)",
+                        **_json({"$ref": "#/components/schemas/Error"})},
+                "413": {"description": "body too large", **_json({"$ref": "#/components/schemas/Error"})},
+                "429": {"description": "over the key's budget", **_json({"$ref": "#/components/schemas/Error"})},
+                "503": {"description": "Redis unreachable", **_json({"$ref": "#/components/schemas/Error"})},
+            },
+        }},
         "/health": _get("The process is up", _json({"type": "object"})),
         "/ready": _get("Registry loaded and Redis answering; `registry.state` is `cached` while the registry is "
                        "unreachable (the definitions read last are served)", _json({"type": "object"}), 503),
@@ -112,5 +146,6 @@ OPENAPI: dict[str, Any] = {
         "/openapi.json": _get("This document", _json({"type": "object"})),
     },
     "components": {"schemas": {"GetOnlineFeaturesRequest": _REQUEST, "GetOnlineFeaturesResponse": _RESPONSE,
-                               "PushRequest": _PUSH, "Error": _ERROR}},
+                               "PushRequest": _PUSH, "RetrieveOnlineDocumentsRequest": _DOCUMENTS,
+                               "Error": _ERROR}},
 }

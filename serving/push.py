@@ -5,6 +5,7 @@
 - `{view}_push` of an attribute view, `online`: the values into Redis in Feast's layout, event-time guarded, with
   `key_ttl_seconds`; `offline` is refused, the view's offline table being the backfill's.
 - `{view}_push` of a windowed view: refused, naming the source to push the events to (`serving.push_targets`).
+- a view with a vector feature: once Redis holds the rows, they are indexed for search too (`serving.vector_index`).
 
 Every row is checked first (`serving.push_rows`), and a push with a bad row writes nothing. Then, for events, the
 history file is written before Kafka is asked, so a failure there sends nothing; Kafka's answer comes per event
@@ -65,6 +66,7 @@ class PreparedPush:
     keys: list[bytes] = field(default_factory=list)
     commands: list[bytes] = field(default_factory=list)
     records: int = 0
+    vectors: Optional[tuple[dict[str, list], list[int]]] = None  # (columns, event ms) to index after Redis
 
     def finish(self, replies: Sequence[list], sent: int, history: Optional[Path]) -> PushResult:
         """The result, from the guarded writes' replies (a refused row comes back as [position, Redis's _ts])."""
@@ -82,6 +84,8 @@ class Pusher:
         from dsl.repo import load_repo
 
         config = load_config(repo_path)
+        self.config = config
+        self._index: Optional[Any] = None
         self.targets = PushTargets(load_repo(config.repo_path))
         self.data_dir = config.data_dir
         self.key_ttl_s = config.key_ttl_seconds
@@ -135,12 +139,16 @@ class Pusher:
             return PreparedPush(target, to, count)
         keys.append(freshness.record_key(catalog.project))
         commands.append(freshness.record_command(catalog.project, {spec.name: max(times)}))
-        return PreparedPush(target, to, count, keys=keys, commands=commands, records=1)
+        vectors = (columns, times) if target.view.vector_features else None
+        return PreparedPush(target, to, count, keys=keys, commands=commands, records=1, vectors=vectors)
 
     def write_events(self, prepared: PreparedPush) -> tuple[int, Optional[Path]]:
-        """Blocking: the history file (offline), then Kafka (online); returns (events Kafka took, the file)."""
+        """Blocking: the history file (offline), then Kafka (online); returns (events Kafka took, the file). For
+        a view's values (already in Redis): their vectors into the index, when the view has any."""
         target = prepared.target
         if not isinstance(target, EventTarget):
+            if prepared.vectors is not None:
+                self.vector_index().write(target.view, *prepared.vectors)
             return 0, None
         history = None
         if prepared.to != "online":
@@ -151,6 +159,15 @@ class Pusher:
             return self.producer().deliver(target.source.kafka_topic, prepared.events, target.key_columns), history
         except EventDeliveryError as exc:
             raise PushUnavailableError(_not_taken(exc, history)) from exc
+
+    def vector_index(self):
+        """The project's vector index (`serving.vector_index`), opened on the first push of a vector view."""
+        with self._lock:
+            if self._index is None:
+                from serving.vector_index import VectorIndex
+
+                self._index = VectorIndex(self.config)
+            return self._index
 
     def producer(self) -> EventProducer:
         with self._lock:

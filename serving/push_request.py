@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from common.errors import shown
 from serving.errors import RequestError
-from serving.json_body import JsonBodyError, load_json
+from serving.json_body import load_object
 
 PushMode = Literal["online", "offline", "online_and_offline"]
 MODES: tuple[str, ...] = ("online", "offline", "online_and_offline")
@@ -34,15 +34,7 @@ def check_source_and_mode(name: Any, to: Any) -> None:
 
 def parse_push_request(body: bytes) -> tuple[str, dict[str, list], str]:
     """(push source name, columns, mode) of a push request body."""
-    try:
-        data: Any = load_json(body)
-    except JsonBodyError as exc:
-        raise MalformedPushBody(str(exc)) from None
-    if not isinstance(data, dict):
-        raise RequestError("the body must be a JSON object with `push_source_name` and `df`")
-    unknown = [k for k in data if k not in FIELDS]
-    if unknown:
-        raise RequestError(f"unknown field {shown(unknown[0])}; a push takes {', '.join(f'`{f}`' for f in FIELDS)}")
+    data = load_object(body, FIELDS, "`push_source_name` and `df`", "a push", MalformedPushBody, RequestError)
     name, to = data.get("push_source_name"), data.get("to", "online")
     check_source_and_mode(name, to)
     columns = data.get("df")

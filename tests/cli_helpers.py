@@ -161,3 +161,23 @@ def chromium(profile: Path, *args: str) -> str:
                            "--virtual-time-budget=20000", *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def answer_in_process(repo: Path, path: str, body: dict) -> tuple[int, dict]:
+    """`POST path` answered by the feature server's app in this process, with a client of `repo`."""
+    import asyncio
+    import json
+
+    from serving.client import AsyncOnlineClient
+    from serving.http_app import FeatureServer
+
+    async def answer() -> tuple[int, dict]:
+        app = FeatureServer(make_client=lambda: None)
+        app.client = AsyncOnlineClient.from_repo(repo, refresh_s=0)
+        try:
+            status, payload, _, _ = await app.respond("POST", path, json.dumps(body).encode())
+        finally:
+            await app.client.close()
+        return status, json.loads(payload)
+
+    return asyncio.run(answer())

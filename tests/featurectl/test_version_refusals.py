@@ -5,9 +5,7 @@ a materialize writes the applied version. Against the shared Redis, in-process, 
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import json
 import uuid
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from cli_helpers import answer_in_process
 from version_env import edit, make_repo, record_backfill, run, versions
 
 from common.config import load_config
@@ -25,9 +24,9 @@ from dsl.types import ValueType
 from featurectl.offline_versions import StaleOfflineError
 from redis_store.freshness import record_key
 from redis_store.freshness_history import history_key
-from serving import AsyncOnlineClient, OnlineClient
+from serving import OnlineClient
 from serving.errors import VersionConflictError
-from serving.http_app import FEATURES_PATH, FeatureServer
+from serving.http_app import FEATURES_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -62,16 +61,7 @@ def _served(client: OnlineClient) -> list:
 
 def _post(repo: Path, body: dict) -> tuple[int, dict]:
     """`POST /get-online-features` answered by the feature server's app in this process."""
-    async def answer() -> tuple[int, dict]:
-        app = FeatureServer(make_client=lambda: None)
-        app.client = AsyncOnlineClient.from_repo(repo, refresh_s=0)
-        try:
-            status, payload, _, _ = await app.respond("POST", FEATURES_PATH, json.dumps(body).encode())
-        finally:
-            await app.client.close()
-        return status, json.loads(payload)
-
-    return asyncio.run(answer())
+    return answer_in_process(repo, FEATURES_PATH, body)
 
 
 def _online_writer(repo: Path) -> tuple[str, str, bool]:

@@ -1,0 +1,149 @@
+"""`featurectl bench search`: nearest-neighbour search over a vector feature, our SDK against Feast's own reader.
+
+A scratch project gets `--vectors` embeddings of `--dim` floats (clustered, as real embeddings are: `--clusters`
+Gaussian clusters) materialized the usual way: values into Redis in Feast's layout, vectors into the Milvus index
+(`serving.vector_index`, Milvus Lite unless `--uri`). Then the same `--queries` queries (after a warm-up) go
+through `client.search(view:feature, vector, k, features=[category])`, which answers ids, distances and a Redis
+feature, and through Feast's own `FeatureStore.retrieve_online_documents_v2` on the same index. Per side: p50/p99
+per query and recall@k against numpy's exact search. The scratch Redis keys and Milvus collection are removed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import click
+import numpy as np
+
+from bench._report import emit, percentiles
+from bench._serve_env import apply_repo, bench_repo
+
+PROJECT = "searchbench"
+DEFINITIONS = """
+from dsl import Vector
+
+asset_shapes = EventSource(name="asset_shapes", timestamp_field="updated_at", path="asset_shapes",
+                           schema={{"asset_id": String, "category": String, "embedding": Vector({dim}),
+                                    "updated_at": Timestamp}})
+asset_shape = FeatureView(name="asset_shape", entity=asset, source=asset_shapes, tile="1h", ttl="365d",
+                          features=[Attribute("category"), Attribute("embedding")])
+"""
+WARMUP = 50
+
+
+def _embeddings(rows: int, dim: int, clusters: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    centers = rng.normal(size=(clusters, dim)).astype(np.float32)
+    labels = rng.integers(0, clusters, rows)
+    return (centers[labels] + 0.35 * rng.normal(size=(rows, dim))).astype(np.float32), labels
+
+
+def _offline_table(folder: Path, vectors: np.ndarray, labels: np.ndarray, dim: int) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dsl.types import Vector
+
+    when = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=5)
+    table = pa.table({"asset_id": [f"asset_{i:06d}" for i in range(len(vectors))],
+                      "category": [f"c{label % 20}" for label in labels.tolist()],
+                      "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dim),
+                      "event_timestamp": pa.array([when] * len(vectors), pa.timestamp("ms", "UTC"))})
+    assert table.schema.field("embedding").type == Vector(dim).arrow_type()
+    folder.mkdir(parents=True)
+    pq.write_table(table, folder / "part-0.parquet")
+    return folder
+
+
+def _timed(queries: np.ndarray, search: Callable[[np.ndarray], list[str]]) -> tuple[list[float], list[list[str]]]:
+    latencies, found = [], []
+    for i, query in enumerate(queries):
+        started = time.perf_counter()
+        ids = search(query)
+        if i >= WARMUP:
+            latencies.append((time.perf_counter() - started) * 1000)
+            found.append(ids)
+    return latencies, found
+
+
+def _figures(latencies: list[float], found: list[list[str]], exact: list[list[str]], k: int) -> dict:
+    marks = percentiles(latencies)
+    recall = np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])
+    return {"search_p50_ms": round(marks["p50"], 3), "search_p99_ms": round(marks["p99"], 3),
+            f"recall_at_{k}": round(float(recall), 4)}
+
+
+def _forget_keys(host_port: tuple[str, int]) -> None:
+    """The scratch project's Redis keys (they end with its name) deleted."""
+    import redis
+
+    client = redis.Redis(*host_port)
+    keys = list(client.scan_iter(match=b"*" + PROJECT.encode(), count=10_000))
+    for lo in range(0, len(keys), 10_000):
+        client.delete(*keys[lo:lo + 10_000])
+
+
+def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int) -> dict:
+    from batch.materialize import materialize_view
+    from common.config import load_config
+    from dsl.repo import load_repo
+    from dsl.types import Vector
+    from redis_store.settings import RedisSettings
+    from serving.client import OnlineClient
+    from serving.vector_index import VectorIndex
+
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        scratch = Path(tmp)
+        platform = {"state_dir": str(scratch / "state"), "data_dir": str(scratch / "data"),
+                    "vectors": {"uri": uri} if uri else {}}
+        repo = bench_repo(scratch, PROJECT, DEFINITIONS.format(dim=dim), platform)
+        apply_repo(repo)
+        cfg = load_config(repo)
+        view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
+        vectors, labels = _embeddings(vectors_n, dim, clusters, rng)
+        offline = _offline_table(scratch / "offline", vectors, labels, dim)
+        index = VectorIndex(cfg)
+        started = time.perf_counter()
+        now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+        materialize_view(RedisSettings.from_config(cfg), view, PROJECT, offline, dt.datetime(2000, 1, 1), now,
+                         on_written=lambda table: index.write_table(view, table))
+        load_s = time.perf_counter() - started
+        click.echo(f"materialized {vectors_n:,} rows into Redis and the index in {load_s:.1f}s", err=True)
+        queries = _embeddings(WARMUP + queries_n, dim, clusters, np.random.default_rng(seed + 1))[0]
+        names = np.array([f"asset_{i:06d}" for i in range(vectors_n)])
+        exact = [names[np.argsort(((vectors - q) ** 2).sum(axis=1))[:k]].tolist() for q in queries[WARMUP:]]
+        try:
+            with OnlineClient.from_repo(repo) as client:
+                ours = _timed(queries, lambda q: [r["asset_id"] for r in client.search(
+                    "asset_shape:embedding", q, k, features=["category"]).ids])
+            from feast import FeatureStore
+
+            store = FeatureStore(config=index.feast_repo_config(Vector(dim)))
+            peer = _timed(queries, lambda q: store.retrieve_online_documents_v2(
+                features=["asset_shape:embedding", "asset_shape:category"], query=q.tolist(), top_k=k,
+                distance_metric="L2").to_dict()["asset_id"])
+        finally:
+            index.drop(f"{PROJECT}_asset_shape")
+            _forget_keys(cfg.redis_host_port)
+    params = {"vectors": vectors_n, "dim": dim, "k": k, "queries": queries_n, "clusters": clusters,
+              "engine": uri or "milvus-lite", "index": f"{cfg.platform.vectors.index_type} "
+              f"{cfg.platform.vectors.index_params} {cfg.platform.vectors.search_params}", "load_s": round(load_s, 1)}
+    return {"ours": _figures(*ours, exact, k), "peer": _figures(*peer, exact, k), "params": params}
+
+
+@click.command()
+@click.option("--vectors", "vectors_n", default=100_000, show_default=True, help="embeddings indexed")
+@click.option("--dim", default=128, show_default=True)
+@click.option("-k", "k", default=10, show_default=True, help="neighbours per query")
+@click.option("--queries", "queries_n", default=1000, show_default=True, help="timed queries per side")
+@click.option("--clusters", default=256, show_default=True, help="Gaussian clusters the embeddings come from")
+@click.option("--uri", default=None, help="a Milvus server instead of Milvus Lite, e.g. http://127.0.0.1:19530")
+@click.option("--seed", default=7, show_default=True)
+def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int) -> None:
+    """Search: our SDK's p50/p99 and recall@k beside Feast's retrieve_online_documents_v2 on the same index."""
+    out = run(vectors_n, dim, k, queries_n, clusters, uri, seed)
+    emit("search", out["ours"], out["peer"], out["params"])

@@ -1,0 +1,192 @@
+"""Vector features indexed in Milvus for nearest-neighbour search, in Feast's own Milvus layout.
+
+Redis keeps every feature value (Feast's Redis layout); Milvus holds the index. One collection per view with a
+vector feature, `{project}_{view}`, made and written by Feast's own `MilvusOnlineStore`, so Feast's
+`retrieve_online_documents_v2` reads what we write: primary key `{join keys}_pk` = the hex of Feast's serialized
+entity key (our Redis key without the project), a FLOAT_VECTOR field per vector feature, the other features as
+Feast writes them (their string form, which is what filters compare). A search asks Milvus for keys and distances
+only; the features of the hits come from Redis (`serving.search`).
+
+Milvus Lite (embedded, a file under the state folder) by default; `platform.vectors.uri` points the same code at a
+Milvus server or cluster. Milvus Lite serves one process at a time: several serving processes need a server.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping, Optional, Sequence
+
+from common.config import ProjectConfig
+from dsl.feature_view import FeatureView
+from dsl.types import Vector
+from redis_store.layout import KeyEncoder
+from serving.errors import RequestError
+
+LITE_FILE = "vectors.db"
+
+
+class VectorSearchError(RequestError):
+    """A search that cannot be run as asked: no such vector feature, a query of another dimension, a bad filter."""
+
+    code = "bad_search"
+
+
+def filter_expression(filters: Optional[Mapping[str, Any]], allowed: Sequence[str]) -> str:
+    """Milvus's boolean expression for `{feature: value}` (equal) or `{feature: [values]}` (any of them), ANDed.
+    Values compare in the string form Feast stores non-vector features in."""
+    clauses = []
+    for name, wanted in (filters or {}).items():
+        if name not in allowed:
+            raise VectorSearchError(f"cannot filter on `{name}`: filter on one of the view's other features "
+                                    f"({', '.join(f'`{a}`' for a in allowed) or 'none'})")
+        values = wanted if isinstance(wanted, (list, tuple)) else [wanted]
+        if not values or any(v is None or isinstance(v, (dict, list, tuple)) for v in values):
+            raise VectorSearchError(f"filter `{name}`: give a value or a non-empty list of values, not {wanted!r}")
+        quoted = ", ".join(_quoted(_feast_text(v)) for v in values)
+        clauses.append(f"{name} in [{quoted}]")
+    return " and ".join(clauses)
+
+
+def _feast_text(value: Any) -> str:
+    """The string Feast's Milvus store keeps for a scalar feature value: `str()` of the Python value, empty for
+    NULL."""
+    return "" if value is None else str(value)
+
+
+def _quoted(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
+    return f"'{escaped}'"
+
+
+class VectorIndex:
+    """One project's vector index: writes through Feast's Milvus store, searches through pymilvus directly."""
+
+    def __init__(self, config: ProjectConfig):
+        from feast.infra.online_stores.milvus_online_store.milvus import MilvusOnlineStore
+
+        self.config = config
+        self.settings = config.platform.vectors
+        self._store = MilvusOnlineStore()
+        self._lock = threading.Lock()  # Feast's store caches its client and collections unguarded
+        self._feast_views: dict[str, Any] = {}
+        self._client: Any = None
+        self._made: set[str] = set()
+
+    @property
+    def location(self) -> str:
+        return self.settings.uri or str(self.config.state_dir / LITE_FILE)
+
+    def feast_repo_config(self, kind: Vector):
+        """Feast's RepoConfig of this project with the Milvus online store holding the index (`kind`: the view's
+        vector type, whose dimension and metric Feast's store builds the collection with)."""
+        from feast.repo_config import RepoConfig
+
+        store: dict[str, Any] = {"type": "milvus", "embedding_dim": kind.dim, "metric_type": kind.metric,
+                                 "index_type": self.settings.index_type, "vector_enabled": True,
+                                 "index_params": self.settings.index_params,
+                                 "search_params": self.settings.search_params}
+        if self.settings.uri:
+            store.update(uri=self.settings.uri, token=self.settings.token or None)
+        else:
+            self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            store["path"] = self.location
+        raw = self.config.feast_repo_config()
+        return RepoConfig(repo_path=self.config.repo_path, project=raw.project, provider="local",
+                          registry=raw.registry, online_store=store, offline_store={"type": "file"},
+                          entity_key_serialization_version=raw.entity_key_serialization_version)
+
+    def _feast_view(self, name: str):
+        view = self._feast_views.get(name)
+        if view is None:
+            from feast import FeatureStore
+
+            store = FeatureStore(config=self.config.feast_repo_config())
+            view = self._feast_views[name] = store.get_feature_view(name)
+        return view
+
+    def write(self, view: FeatureView, columns: Mapping[str, Sequence[Any]], event_ms: Sequence[int]) -> int:
+        """Index rows of `view` (join keys and every feature, one list per column; `event_ms` per row) as Feast's
+        Milvus store writes them: the entity key's hex, event time in microseconds, the vectors, the join keys and
+        other features as text. An entity's previous row is replaced; a row without a vector is not indexed.
+        Returns the rows written. (Feast's own `online_write_batch` would first build a protobuf per value.)"""
+        vectors = list(view.vector_features)
+        keep = [i for i in range(len(event_ms)) if all(columns[v][i] is not None for v in vectors)]
+        if not keep:
+            return 0
+        encoder = KeyEncoder(self.config.project, view.entity.join_keys)
+        cut = len(self.config.project.encode())
+        keys = [key[:-cut].hex() for key in encoder.keys([[columns[k][i] for i in keep] for k in encoder.order])]
+        schema = view.output_schema()
+        records = {}
+        for key, i in zip(keys, keep):
+            record = {"event_ts": int(event_ms[i]) * 1000, "created_ts": 0,
+                      **{name: _feast_text(columns[name][i]) for name in view.entity.join_keys}}
+            for name, kind in schema.items():
+                value = columns[name][i]
+                record[name] = list(map(float, value)) if isinstance(kind, Vector) else _feast_text(value)
+            records[key] = record  # the last row of an entity wins, as Feast's writer keeps one per entity
+        collection, pk = self._collection(view)
+        rows = [{pk: key, **record} for key, record in records.items()]
+        client = self.client()
+        with self._lock:
+            client.delete(collection_name=collection, ids=list(records))
+            client.insert(collection_name=collection, data=rows)
+        return len(rows)
+
+    def _collection(self, view: FeatureView) -> tuple[str, str]:
+        """The view's collection (made by Feast's own store when missing) and its primary key field."""
+        feast_view = self._feast_view(view.name)
+        collection = f"{self.config.project}_{view.name}"
+        if collection not in self._made:
+            with self._lock:
+                self._store.update(self.feast_repo_config(_vector_kind(view)), [], [feast_view], [], [], True)
+            self._made.add(collection)
+        return collection, "_".join(column.name for column in feast_view.entity_columns) + "_pk"
+
+    def write_table(self, view: FeatureView, table: Any) -> int:
+        """`write` for an Arrow table of the view's rows (join keys, `event_timestamp`, features), as
+        materialization reads them from the offline table."""
+        import pyarrow as pa
+
+        from dsl.compile_feast import EVENT_TIMESTAMP
+
+        millis = table.column(EVENT_TIMESTAMP).cast(pa.timestamp("ms", "UTC")).cast(pa.int64()).to_pylist()
+        names = [*view.entity.join_keys, *view.feature_names]
+        return self.write(view, {name: table.column(name).to_pylist() for name in names}, millis)
+
+    def client(self):
+        """A pymilvus client of the index (Milvus Lite's server is one per file and process: Feast's store and
+        this client share it)."""
+        if self._client is None:
+            from pymilvus import MilvusClient
+
+            if self.settings.uri:
+                self._client = MilvusClient(uri=self.settings.uri, token=self.settings.token or "")
+            else:
+                self.config.state_dir.mkdir(parents=True, exist_ok=True)
+                self._client = MilvusClient(self.location)
+        return self._client
+
+    def search(self, collection: str, feature: str, kind: Vector, vector: Sequence[float], k: int,
+               expression: str = "") -> list[tuple[str, float]]:
+        """The `k` nearest (primary key, distance) of `vector` in `collection`'s `feature`, nearest first."""
+        hits = self.client().search(collection_name=collection, data=[list(vector)], anns_field=feature, limit=k,
+                             filter=expression, output_fields=[],
+                             search_params={"metric_type": kind.metric, "params": self.settings.search_params})
+        return [(hit["id"], float(hit["distance"])) for hit in hits[0]]
+
+    def drop(self, collection: str) -> None:
+        """Forget a view's index (its collection), e.g. before indexing the view anew."""
+        if self.client().has_collection(collection):
+            self.client().drop_collection(collection)
+
+
+def _vector_kind(view: FeatureView) -> Vector:
+    """The vector type of a view's index: Feast's Milvus store builds every vector field of a collection with one
+    dimension, so a view's vector features must share it."""
+    kinds = set(view.vector_features.values())
+    if len(kinds) != 1:
+        raise VectorSearchError(f"feature view `{view.name}` has vector features of types "
+                                f"{', '.join(sorted(k.value for k in kinds)) or 'none'}: an indexed view takes "
+                                "vector features of one dimension and metric")
+    return kinds.pop()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional
+import functools
+from pathlib import Path
+from typing import Callable, Optional
 
 import click
 from tqdm import tqdm
@@ -70,6 +72,18 @@ def _print_failures(failures, heading: str) -> None:
         click.echo(f"  ... and {failures.num_rows - SHOWN_FAILURES} more: `featurectl assets failures`")
 
 
+def _ray_options(command: Callable) -> Callable:
+    """--address, --workers and --materialize: how the commands that derive features use Ray and Redis."""
+    options = [
+        click.option("--address", default=None, help="an existing Ray cluster (default: a local Ray for this run)"),
+        click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
+                     help="Ray tasks at a time when deriving features (and CPUs of the local Ray)"),
+        click.option("--materialize/--no-materialize", default=True, show_default=True,
+                     help="load the derived features into Redis afterwards"),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), command)
+
+
 @click.group()
 def assets() -> None:
     """Derive features from 3D asset files (Ray Data), list failures, generate assets."""
@@ -77,33 +91,35 @@ def assets() -> None:
 
 @assets.command()
 @click.option("--source", "source_name", default=None, help="only this asset source (default: every one)")
-@click.option("--address", default=None, help="an existing Ray cluster (default: a local Ray for this run)")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Ray tasks at a time (and CPUs of the local Ray)")
-@click.option("--materialize/--no-materialize", default=True, show_default=True,
-              help="load the new rows into Redis afterwards")
+@_ray_options
 @click.pass_obj
 def process(ctx, source_name: Optional[str], address: Optional[str], workers: int, materialize: bool) -> None:
     """Derive the features of every asset whose file changed, write the offline tables, materialize."""
-    from batch.assets.pipeline import process_assets, ray_session
+    from batch.assets.pipeline import ray_session
     from dsl import load_repo
 
     cfg = ctx.config()
     chosen = _asset_views(load_repo(cfg.repo_path), source_name)
     with ray_session(address, workers):
         for source, views in chosen:
-            with tqdm(unit="asset", desc=source.name) as bar:
-                summary = process_assets(source, views, _target(cfg), workers, on_total=bar.reset,
-                                         on_assets=bar.update)
-            result = summary.result
-            failed = result.table("failed", summary.failures.schema)
-            click.echo(f"{source.name}: {result.listed:,} listed, {sum(t.num_rows for t in result.derived):,} "
-                       f"derived, {sum(t.num_rows for t in result.unchanged):,} unchanged, {failed.num_rows:,} "
-                       f"failed, in {result.seconds:.1f}s")
-            if failed.num_rows:
-                _print_failures(failed, "failed this run:")
-            if materialize:
-                _materialize(cfg, views, summary.written)
+            _process_source(cfg, source, views, workers, materialize)
+
+
+def _process_source(cfg, source, views, workers: int, materialize: bool) -> None:
+    """Derive one source's changed assets in the current Ray session, print the summary, materialize."""
+    from batch.assets.pipeline import process_assets
+
+    with tqdm(unit="asset", desc=source.name) as bar:
+        summary = process_assets(source, views, _target(cfg), workers, on_total=bar.reset, on_assets=bar.update)
+    result = summary.result
+    failed = result.table("failed", summary.failures.schema)
+    click.echo(f"{source.name}: {result.listed:,} listed, {sum(t.num_rows for t in result.derived):,} derived, "
+               f"{sum(t.num_rows for t in result.unchanged):,} unchanged, {failed.num_rows:,} failed, in "
+               f"{result.seconds:.1f}s")
+    if failed.num_rows:
+        _print_failures(failed, "failed this run:")
+    if materialize:
+        _materialize(cfg, views, summary.written)
 
 
 @assets.command()
@@ -118,6 +134,47 @@ def failures(ctx, source_name: Optional[str]) -> None:
     for source, _ in _asset_views(load_repo(cfg.repo_path), source_name):
         recorded = AssetRecord.load(cfg.data_dir, source.name).failures
         _print_failures(recorded, f"{source.name}: {recorded.num_rows:,} failed")
+
+
+@assets.command()
+@click.argument("prompts", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--source", "source_name", default=None, help="the asset source to add the meshes to (default: the "
+              "repo's only one)")
+@click.option("--config", "config_name", default="auto", show_default=True,
+              help="Cube 3D service config: v0.1, v0.5 or tiny; `auto` = v0.1 on a GPU, tiny on the CPU")
+@click.option("--actors", default=1, show_default=True, type=click.IntRange(min=1),
+              help="generating actors, one GPU each (one CPU actor without CUDA)")
+@_ray_options
+@click.pass_obj
+def generate(ctx, prompts: Path, source_name: Optional[str], config_name: str, actors: int, address: Optional[str],
+             workers: int, materialize: bool) -> None:
+    """Generate a mesh per row of PROMPTS (Parquet: prompt[, asset_id, seed]) with Cube 3D on Ray, add them to the
+    asset source and derive their features like any asset's."""
+    import pyarrow as pa
+
+    from batch.assets.generation import add_to_source, generate as generate_meshes, generated_folder, read_prompts
+    from batch.assets.pipeline import ray_session
+    from dsl import load_repo
+    from featurectl.generate_commands import service_config
+
+    cfg = ctx.config()
+    chosen = _asset_views(load_repo(cfg.repo_path), source_name)
+    if len(chosen) > 1:
+        raise AssetCommandError(f"the repo has {len(chosen)} asset sources: name one with --source")
+    (source, views), = chosen
+    table = read_prompts(prompts)
+    config = service_config(config_name)
+    with ray_session(address, workers):
+        with tqdm(total=table.num_rows, unit="mesh", desc="cube3d") as bar:
+            results = pa.concat_tables(generate_meshes(table, generated_folder(source, cfg.data_dir), config, actors,
+                                                       str(cfg.repo_path), cfg.registry_url, on_rows=bar.update))
+        ok = results.filter(pa.compute.equal(results.column("status"), "ok"))
+        click.echo(f"generated {ok.num_rows:,} of {table.num_rows:,} meshes into "
+                   f"{generated_folder(source, cfg.data_dir)}")
+        for row in results.filter(pa.compute.equal(results.column("status"), "failed")).to_pylist():
+            click.echo(f"  failed: {row['prompt']!r}: {row['reason']}")
+        add_to_source(source, cfg.data_dir, ok)
+        _process_source(cfg, source, views, workers, materialize)
 
 
 COMMANDS = [assets]

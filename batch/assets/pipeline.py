@@ -36,7 +36,8 @@ from dsl.feature_view import FeatureView
 
 log = logging.getLogger(__name__)
 TASK_RETRIES = 3
-BLOCK_ASSETS = 4  # assets per Ray task: small, so that work spreads over the workers and a retry redoes little
+TASKS_PER_WORKER = 8  # blocks per worker: enough to even out uneven meshes, few enough that per-task cost is small
+MAX_BLOCK_ASSETS = 64  # and a retry redoes little
 OBJECT_STORE_BYTES = 256 * 1024**2
 
 
@@ -78,15 +79,22 @@ def ray_session(address: Optional[str], workers: int) -> Iterator[None]:
         ray.shutdown()
 
 
+def quiet_ray_data() -> None:
+    """Our progress bars instead of Ray Data's; no per-dataset start/finish lines or tuning advice."""
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+
 def derive_assets(todo: pa.Table, descriptor: ShapeDescriptor, workers: int,
                   on_assets: Optional[Callable[[int], None]] = None) -> Iterator[pa.Table]:
     """Derived rows of every asset of `todo` (INPUT_SCHEMA), in blocks as Ray tasks finish them."""
     import ray.data
 
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.ERROR)  # per-dataset start/finish lines and tuning advice
-    blocks = [todo.slice(lo, BLOCK_ASSETS) for lo in range(0, todo.num_rows, BLOCK_ASSETS)]
+    quiet_ray_data()
+    size = max(1, min(MAX_BLOCK_ASSETS, -(-todo.num_rows // (workers * TASKS_PER_WORKER))))
+    blocks = [todo.slice(lo, size) for lo in range(0, todo.num_rows, size)]
     dataset = ray.data.from_arrow(blocks).map_batches(
         derive_batch, batch_format="pyarrow", batch_size=None, fn_kwargs={"descriptor": descriptor},
         compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1, max_retries=TASK_RETRIES)

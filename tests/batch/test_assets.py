@@ -161,3 +161,33 @@ def test_process_command_on_a_running_cluster_materializes_for_feast(repo: Path,
                                        entity_rows=[{"asset_id": a} for a in sorted(offline)]).to_dict()
     assert online["surface_area"] == pytest.approx([offline[a]["surface_area"] for a in sorted(offline)])
     assert online["components"] == [offline[a]["components"] for a in sorted(offline)]
+
+
+def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):
+    import pyarrow as pa
+
+    from batch.assets.generation import add_to_source, generate, generated_folder, generated_id
+    from common.config import load_config
+    from dsl import load_repo
+    from inference.service import ServiceConfig
+
+    cfg = load_config(repo)
+    source = load_repo(repo).view("asset_geometry").source
+    prompts = pa.table({"prompt": ["a wooden chair", "a tall lamp"], "condition_asset_id": ["asset_000001", None],
+                        "seed": pa.array([0, 3], pa.int64())})
+    config = ServiceConfig.from_name("tiny", device="cpu")
+    results = pa.concat_tables(generate(prompts, generated_folder(source, cfg.data_dir), config, actors=1))
+    assert results.column("status").to_pylist() == ["ok", "ok"]
+    ids = [generated_id("a wooden chair", "asset_000001", 0), generated_id("a tall lamp", None, 3)]
+    assert sorted(results.column("asset_id").to_pylist()) == sorted(ids)
+    add_to_source(source, cfg.data_dir, results)
+    summary = env.process(repo)
+    assert sum(t.num_rows for t in summary.result.derived) == N_ASSETS + 2 and not summary.result.failed
+    rows = _by_id(env.offline_rows(repo))
+    for row in results.to_pylist():
+        mesh = trimesh.load(row["path"], force="mesh")
+        derived = rows[row["asset_id"]]
+        assert (derived["vertex_count"], derived["face_count"]) == (len(mesh.vertices), len(mesh.faces))
+        assert derived["surface_area"] == pytest.approx(mesh.area) and len(derived["shape_d2"]) == 64
+    listing = __import__("pyarrow.parquet").parquet.read_table(repo.parent / "data/assets/assets.parquet")
+    assert listing.num_rows == N_ASSETS + 2 and listing.column("category").to_pylist()[-2:] == ["generated"] * 2

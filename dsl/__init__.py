@@ -1,7 +1,7 @@
 """The feature DSL: declarative, validated definitions and their compilers (to Feast objects, to Flink SQL).
 
     from dsl import (Entity, EventSource, FeatureView, FeatureService, FeatureLogging, Aggregation, Attribute, col,
-                     String)
+                     String, Vector)
     from dsl import RequestFields, on_demand      # request-time features (`dsl.on_demand`)
     from dsl import AssetSource, MESH_FEATURES    # features derived from 3D asset files (`dsl.assets`)
 """
@@ -18,13 +18,13 @@ from dsl.features import Aggregation, Attribute, Window
 from dsl.on_demand import OnDemandView, RequestFields, on_demand
 from dsl.repo import Repository, load_repo
 from dsl.source import EventSource
-from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, ValueType
+from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, ValueType, Vector
 
 __all__ = [
     "MESH_FEATURES", "Aggregation", "AllowedValues", "AssetSource", "Attribute", "Bool", "DefinitionError",
     "DuplicateNameError", "Entity", "EventSource", "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView",
     "Float32", "Float64", "InRange", "Int32", "Int64", "MaxChange", "MissingTimestampError", "NotNullRate",
     "OnDemandView", "Repository", "RequestFields", "ShapeDescriptor", "String", "Timestamp", "TypeMismatchError",
-    "UnknownColumnError", "UnknownReferenceError", "ValueType", "Window", "WindowError", "col", "load_repo",
-    "on_demand",
+    "UnknownColumnError", "UnknownReferenceError", "ValueType", "Vector", "Window", "WindowError", "col",
+    "load_repo", "on_demand",
 ]

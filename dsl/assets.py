@@ -2,14 +2,14 @@
 
     meshes = AssetSource("asset_meshes", assets="assets/assets.parquet")   # or a folder of .glb/.obj/.ply files
     geometry = FeatureView("asset_geometry", entity=asset, source=meshes,
-                           features=[Attribute(c) for c in MESH_FEATURES])
+                           features=[Attribute(c) for c in [*MESH_FEATURES, "shape_d2"]])
 
 An `AssetSource` is an event source whose events are asset versions: `featurectl assets process` decodes each
-changed file, measures it and writes one row per asset version (`asset_id`, `category`, `updated_at` and every
-column of `MESH_FEATURES`) to the source's Parquet history (`path`) and to the offline table of each view over
-it. Its schema is fixed, so views over it are checked like any other (unknown column, wrong type). The shape
-embedding is declared by `embedding` (a `ShapeDescriptor`); it is kept in the offline table as a fixed-size float32
-list column `embedding.name`, and is not a served feature of a view yet: the DSL has no vector type.
+changed file, measures it and writes one row per asset version (`asset_id`, `category`, `updated_at`, every
+column of `MESH_FEATURES` and the shape embedding) to the source's Parquet history (`path`) and to the offline
+table of each view over it. Its schema is fixed, so views over it are checked like any other (unknown column,
+wrong type). The shape embedding is declared by `embedding` (a `ShapeDescriptor`): a column `embedding.name` of
+type `Vector(bins)`, which a view serves (and the vector index searches) as `Attribute(embedding.name)`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Mapping, Optional
 from dsl.errors import DefinitionError, backticked
 from dsl.names import check_name
 from dsl.source import EventSource
-from dsl.types import Bool, Float64, Int64, String, Timestamp, ValueType
+from dsl.types import Bool, FeatureType, Float64, Int64, String, Timestamp, ValueType, Vector
 
 ASSET_ID = "asset_id"
 ASSET_CATEGORY = "category"
@@ -52,6 +52,11 @@ class ShapeDescriptor:
     pairs: int = 4096
     seed: int = 0
 
+    @property
+    def vector_type(self) -> Vector:
+        """L2, for the vector is the square root of a distribution: L2 distance orders as Hellinger distance."""
+        return Vector(self.bins, "L2")
+
     def __post_init__(self) -> None:
         where = f"shape descriptor {backticked(self.name)}"
         check_name(where, "name", self.name)
@@ -62,9 +67,10 @@ class ShapeDescriptor:
                                       f"give e.g. {what}={getattr(ShapeDescriptor, what)}")
 
 
-def asset_schema() -> dict[str, ValueType]:
-    """The columns of every asset source, in order."""
-    return {ASSET_ID: String, ASSET_CATEGORY: String, ASSET_TIMESTAMP: Timestamp, **MESH_FEATURES}
+def asset_schema(embedding: ShapeDescriptor) -> dict[str, FeatureType]:
+    """The columns of an asset source with this embedding, in order."""
+    return {ASSET_ID: String, ASSET_CATEGORY: String, ASSET_TIMESTAMP: Timestamp, **MESH_FEATURES,
+            embedding.name: embedding.vector_type}
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class AssetSource(EventSource):
     derived rows go to the Parquet history `path` (default: the source's name). A folder's asset ids are the file
     names without extension and their update times the files' modification times."""
 
-    schema: Mapping[str, ValueType] = field(default=None, init=False)
+    schema: Mapping[str, FeatureType] = field(default=None, init=False)
     timestamp_field: Optional[str] = field(default=ASSET_TIMESTAMP, init=False)
     assets: str = ""
     embedding: ShapeDescriptor = field(default_factory=ShapeDescriptor)
@@ -89,10 +95,10 @@ class AssetSource(EventSource):
         if not isinstance(self.embedding, ShapeDescriptor):
             raise DefinitionError(where, f"embedding must be a ShapeDescriptor, got {type(self.embedding).__name__}",
                                   "write embedding=ShapeDescriptor(bins=64)")
-        if self.embedding.name in asset_schema():
+        if self.embedding.name in (ASSET_ID, ASSET_CATEGORY, ASSET_TIMESTAMP, *MESH_FEATURES):
             raise DefinitionError(where, f"embedding name `{self.embedding.name}` is a column of the source",
                                   "give the ShapeDescriptor another name=\"...\"")
-        object.__setattr__(self, "schema", asset_schema())
+        object.__setattr__(self, "schema", asset_schema(self.embedding))
         object.__setattr__(self, "path", self.path or self.name)
         super().__post_init__()
 

@@ -36,6 +36,7 @@ from dsl.on_demand import OnDemandView, RequestFields
 from dsl.repo import Repository
 from dsl.source import EventSource
 from dsl.sql import quote_ident
+from dsl.types import FeatureType, Vector
 
 EVENT_TIMESTAMP = "event_timestamp"
 
@@ -147,11 +148,21 @@ def _feast_view(view: FeatureView, compiled: CompiledView, settings: SourceSetti
                                    f"{history_source_name(view.source)}, written by `featurectl backfill`")
     push = PushSource(name=push_source_name(view), batch_source=batch)
     schema = [Field(name=k, dtype=t.feast_type()) for k, t in view.entity.join_keys.items()]
-    schema += [Field(name=name, dtype=kind.feast_type()) for name, kind in view.output_schema().items()]
+    schema += [feast_field(name, kind) for name, kind in view.output_schema().items()]
     fv = FeastFeatureView(name=view.name, entities=feast_entities(view.entity), ttl=view.ttl, schema=schema,
                           source=push, online=view.online, offline=False, description=view.description,
                           owner=view.owner, tags=_view_tags(view, compiled, settings))
     return fv, [batch, push]
+
+
+def feast_field(name: str, kind: FeatureType):
+    """A feature's Feast field; a vector carries the index flags Feast's vector stores read (length, metric)."""
+    from feast import Field
+
+    if isinstance(kind, Vector):
+        return Field(name=name, dtype=kind.feast_type(), vector_index=True, vector_length=kind.dim,
+                     vector_search_metric=kind.metric)
+    return Field(name=name, dtype=kind.feast_type())
 
 
 def _check_source_names(sources: list) -> None:

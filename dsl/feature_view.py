@@ -16,7 +16,7 @@ from dsl.feature_logging import FeatureLogging
 from dsl.features import Aggregation, Attribute, Feature, Window
 from dsl.names import check_name
 from dsl.source import RESERVED_COLUMNS, EventSource
-from dsl.types import ValueType
+from dsl.types import FeatureType, ValueType, Vector
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,10 @@ class FeatureView:
         if feature.column is not None:
             self._check_column(feature.column, inner)
             kind = schema[feature.column]
+            if isinstance(kind, Vector):
+                raise TypeMismatchError(inner, f"`{feature.op}` over {kind.value} column `{feature.column}`",
+                                        "a vector is served as it is: declare it as Attribute(\"" + feature.column
+                                        + "\")")
             if aggregates.OPS[feature.op].numeric_only and not kind.is_numeric:
                 raise TypeMismatchError(inner, f"`{feature.op}` over {kind.value} column `{feature.column}`",
                                         "use a numeric column, or count / approx_distinct / last for this one")
@@ -148,10 +152,10 @@ class FeatureView:
                 columns.extend(sorted(feature.filter.columns()))
         return list(dict.fromkeys(columns))
 
-    def output_schema(self) -> dict[str, ValueType]:
+    def output_schema(self) -> dict[str, FeatureType]:
         """Served feature name -> type, in declaration order."""
         schema = self.source.schema
-        out: dict[str, ValueType] = {}
+        out: dict[str, FeatureType] = {}
         for feature in self.features:
             if isinstance(feature, Attribute):
                 out[feature.feature_names[0]] = schema[feature.column]
@@ -165,6 +169,11 @@ class FeatureView:
     def max_window(self) -> timedelta:
         lengths = [w.length for a in self.aggregations for w in a.parsed_windows]
         return max(lengths) if lengths else self.tile
+
+    @property
+    def vector_features(self) -> dict[str, Vector]:
+        """The view's vector features (indexed for nearest-neighbour search), by name."""
+        return {name: kind for name, kind in self.output_schema().items() if isinstance(kind, Vector)}
 
     def __getitem__(self, names: Sequence[str]) -> FeatureRef:
         if isinstance(names, str):

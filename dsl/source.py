@@ -10,7 +10,7 @@ from dsl.duration import parse_duration
 from dsl.errors import DefinitionError, MissingTimestampError, TypeMismatchError, backticked
 from dsl.names import check_name, check_topic
 from dsl.sql import MAX_IDENTIFIER, identifier_problem
-from dsl.types import ValueType
+from dsl.types import FeatureType, ValueType, is_feature_type
 
 # Names the compiled SQL adds to every source table; a user column may not take them, nor start with `__` (the
 # prefix of the streaming relation's own columns).
@@ -32,7 +32,7 @@ class EventSource:
     """
 
     name: str
-    schema: Mapping[str, ValueType]
+    schema: Mapping[str, FeatureType]
     timestamp_field: Optional[str]
     kafka_topic: Optional[str] = None
     path: Optional[str] = None
@@ -49,9 +49,10 @@ class EventSource:
             raise DefinitionError(where, "has an empty schema", "list its columns: schema={\"col\": String, ...}")
         for column, kind in self.schema.items():
             _check_column(where, column)
-            if not isinstance(kind, ValueType):
+            if not is_feature_type(kind):
                 raise TypeMismatchError(where, f"column `{column}` has type {kind!r}",
-                                        "use a dsl type: String, Int32, Int64, Float32, Float64, Bool, Timestamp")
+                                        "use a dsl type: String, Int32, Int64, Float32, Float64, Bool, Timestamp, "
+                                        "Vector(dim)")
         if not self.timestamp_field:
             raise MissingTimestampError(where, "has no timestamp_field",
                                         "name the event-time column: timestamp_field=\"event_time\"")

@@ -1,5 +1,9 @@
 """Value types of the DSL and their spelling in Feast, Flink SQL and Arrow.
 
+`Vector(dim)` is the one parameterized type: a fixed-length float32 embedding, stored online as Feast's
+`float_list_val` and indexed for nearest-neighbour search (`serving.vector_index`). It answers the same questions
+as a `ValueType` (`value`, `flink_sql`, `feast_type()`, `arrow_type()`...) so the compilers need no special case.
+
 Timestamps travel as epoch milliseconds (BIGINT) in Kafka JSON and in Parquet history files alike, so one
 source schema describes both; the Flink DDL derives the event-time attribute from that column.
 """
@@ -7,6 +11,10 @@ source schema describes both; the Flink DDL derives the event-time attribute fro
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+from typing import Union
+
+from dsl.errors import TypeMismatchError
 
 
 class ValueType(enum.Enum):
@@ -79,3 +87,62 @@ Float32 = ValueType.FLOAT32
 Float64 = ValueType.FLOAT64
 Bool = ValueType.BOOL
 Timestamp = ValueType.TIMESTAMP
+
+
+MAX_VECTOR_DIM = 32_768  # Milvus's own ceiling for a float vector
+VECTOR_METRICS = ("L2", "COSINE", "IP")
+
+
+@dataclass(frozen=True)
+class Vector:
+    """A fixed-dimension float32 vector feature, e.g. a shape embedding; `metric` is the distance its index uses:
+    `L2` (Euclidean), `COSINE` (1 - cosine similarity, as distances) or `IP` (inner product)."""
+
+    dim: int
+    metric: str = "L2"
+
+    def __post_init__(self) -> None:
+        if type(self.dim) is not int or not 1 <= self.dim <= MAX_VECTOR_DIM:
+            raise TypeMismatchError("Vector", f"dim {self.dim!r} is not an int from 1 to {MAX_VECTOR_DIM}",
+                                    "give the embedding's length, e.g. Vector(128)")
+        if self.metric not in VECTOR_METRICS:
+            raise TypeMismatchError("Vector", f"metric {self.metric!r} is unknown",
+                                    f"use one of: {', '.join(VECTOR_METRICS)}")
+
+    @property
+    def value(self) -> str:
+        return f"vector({self.dim})"
+
+    is_numeric = False
+    is_integer = False
+
+    @property
+    def flink_sql(self) -> str:
+        return "ARRAY<FLOAT>"
+
+    @property
+    def python_types(self) -> tuple[type, ...]:
+        return (list, tuple)
+
+    def feast_type(self):
+        from feast import types as ft
+
+        return ft.Array(ft.Float32)
+
+    def feast_value_type(self):
+        from feast.value_type import ValueType as FeastValueType
+
+        return FeastValueType.FLOAT_LIST
+
+    def arrow_type(self):
+        import pyarrow as pa
+
+        return pa.list_(pa.float32(), self.dim)
+
+
+FeatureType = Union[ValueType, Vector]
+
+
+def is_feature_type(kind: object) -> bool:
+    """Whether `kind` is a type of the DSL: one of the `ValueType`s or a `Vector`."""
+    return isinstance(kind, (ValueType, Vector))

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsl.types import ValueType
+from dsl.types import FeatureType, ValueType, Vector
 from redis_store import layout
 
 _EMPTY = pa.scalar(b"", pa.binary())
@@ -55,10 +55,37 @@ class BoundedValues:
         return binary_rows(self.matrix, self.lengths)
 
 
-def value_encoding(column: pa.Array, kind: ValueType) -> BoundedValues | pa.BinaryArray:
+def vector_encoding(column: pa.Array, kind: Vector) -> BoundedValues:
+    """Vectors (a fixed_size_list or list column of numbers) as float_list_vals, every row `kind.dim` long;
+    a NULL row is NULL, a row of another length a ValueError naming it."""
+    nulls = _null_mask(column)
+    if pa.types.is_fixed_size_list(column.type) and column.type.list_size == kind.dim:
+        flat = column.values.slice(column.offset * kind.dim, len(column) * kind.dim)
+    else:
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            raise ValueError(f"a {kind.value} column must be a list of numbers, got {column.type}")
+        sizes = pc.list_value_length(column).fill_null(kind.dim).to_numpy(zero_copy_only=False)
+        wrong = np.flatnonzero(sizes != kind.dim)
+        if len(wrong):
+            raise ValueError(f"row {wrong[0]} holds {sizes[wrong[0]]} numbers where a {kind.value} needs {kind.dim}")
+        flat = pc.list_flatten(column.fill_null(pa.scalar([0.0] * kind.dim, column.type)))
+    values = flat.fill_null(np.nan).to_numpy(zero_copy_only=False).astype("<f4").reshape(len(column), kind.dim)
+    head = np.frombuffer(layout.vector_head(kind.dim), dtype=np.uint8)
+    matrix = np.empty((len(column), len(head) + 4 * kind.dim), dtype=np.uint8)
+    matrix[:, :len(head)] = head
+    matrix[:, len(head):] = values.view(np.uint8)
+    lengths = np.full(len(column), matrix.shape[1], dtype=np.int32)
+    if nulls is not None:
+        lengths = np.where(nulls, 0, lengths).astype(np.int32)
+    return BoundedValues(matrix, lengths)
+
+
+def value_encoding(column: pa.Array, kind: FeatureType) -> BoundedValues | pa.BinaryArray:
     """Serialized feast.types.Value per row; NULL (and NaN for floats) is the empty string, as Feast writes.
-    Numbers come as a `BoundedValues` matrix, strings (of unbounded width) as an Arrow column."""
+    Numbers and vectors come as a `BoundedValues` matrix, strings (of unbounded width) as an Arrow column."""
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(kind, Vector):
+        return vector_encoding(column, kind)
     nulls = _null_mask(column)
     if kind in _FIXED:
         tag, dtype = layout.TAGS[kind], _FIXED[kind]
@@ -87,7 +114,7 @@ def value_encoding(column: pa.Array, kind: ValueType) -> BoundedValues | pa.Bina
     return BoundedValues(matrix, lengths)
 
 
-def value_column(column: pa.Array, kind: ValueType) -> pa.BinaryArray:
+def value_column(column: pa.Array, kind: FeatureType) -> pa.BinaryArray:
     """`value_encoding` as an Arrow column."""
     encoded = value_encoding(column, kind)
     return encoded.binary() if isinstance(encoded, BoundedValues) else encoded

@@ -7,7 +7,9 @@ Format (Feast 0.67, `entity_key_serialization_version: 3`, RedisOnlineStore):
   per value in the same order: u32 LE value type, u32 LE length, the value (UTF-8 string, or i32/i64 LE).
 - one hash per key; field per feature: murmur3_32 (seed 0, unsigned) of `"{view}:{feature}"` as 4 LE bytes;
   field `_ts:{view}`: a serialized `google.protobuf.Timestamp` of the row's event time.
-- values: serialized `feast.types.Value` protobufs (an empty bytes string is NULL).
+- values: serialized `feast.types.Value` protobufs (an empty bytes string is NULL). A `Vector(dim)` is
+  `float_list_val` (field 16): tag 0x82 0x01, varint length, then the FloatList message: tag 0x0A, varint
+  length 4 * dim, the float32 values little-endian (packed, as protobuf writes a repeated float).
 
 The encoders here write those bytes directly, without building protobuf objects, because materialization and
 streaming write millions of values per second; tests check them against Feast's own functions.
@@ -21,7 +23,7 @@ from typing import Any, Iterable, Optional, Sequence
 import mmh3
 import numpy as np
 
-from dsl.types import ValueType
+from dsl.types import FeatureType, ValueType, Vector
 
 # Feast's ValueType enum numbers (feast/protos/feast/types/Value.proto) used inside entity keys.
 _KEY_TYPE = {ValueType.STRING: 2, ValueType.INT32: 3, ValueType.INT64: 4}
@@ -30,6 +32,7 @@ TAGS = {ValueType.STRING: 0x12, ValueType.INT32: 0x18, ValueType.INT64: 0x20, Va
         ValueType.FLOAT32: 0x35, ValueType.BOOL: 0x38, ValueType.TIMESTAMP: 0x40}
 TIMESTAMP_SECONDS, TIMESTAMP_NANOS = 0x08, 0x10  # google.protobuf.Timestamp's field tags
 BYTES_TAG = 0x0A  # feast.types.Value.bytes_val: read, never written
+FLOAT_LIST_TAG = b"\x82\x01"  # feast.types.Value.float_list_val (field 16, length-delimited)
 _KINDS = {tag: kind for kind, tag in TAGS.items()}
 _FLOATS = {ValueType.FLOAT64: "<d", ValueType.FLOAT32: "<f"}
 NULL = b""
@@ -137,10 +140,31 @@ def matrix_rows(matrix: np.ndarray, lengths: np.ndarray) -> list[bytes]:
     return [buf[i * width:i * width + n] for i, n in enumerate(lengths.tolist())]
 
 
-def encode_value(value: Any, kind: ValueType) -> bytes:
+def vector_head(dim: int) -> bytes:
+    """The bytes before the floats of every non-empty `dim`-long float_list_val: they depend on `dim` only."""
+    payload = 4 * dim
+    inner = 1 + len(_varint(payload)) + payload
+    return FLOAT_LIST_TAG + _varint(inner) + bytes((BYTES_TAG,)) + _varint(payload)
+
+
+def vector_array(value: Any, kind: Vector) -> np.ndarray:
+    """`value` (a list, tuple or array of numbers) as `kind.dim` little-endian float32s; ValueError otherwise."""
+    array = np.asarray(value, dtype="<f4")
+    if array.shape != (kind.dim,):
+        raise ValueError(f"a {kind.value} needs {kind.dim} numbers, got shape {array.shape}")
+    return array
+
+
+def encode_vector(value: Any, kind: Vector) -> bytes:
+    return vector_head(kind.dim) + vector_array(value, kind).tobytes()
+
+
+def encode_value(value: Any, kind: FeatureType) -> bytes:
     """One value as a serialized feast.types.Value; None (or NaN for floats) is NULL."""
     if value is None or (isinstance(value, float) and value != value):
         return NULL
+    if isinstance(kind, Vector):
+        return encode_vector(value, kind)
     tag = bytes((TAGS[kind],))
     if kind is ValueType.STRING:
         raw = value.encode() if isinstance(value, str) else bytes(value)
@@ -228,10 +252,22 @@ def _signed(value: int, bits: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+def decode_float_list(data: bytes) -> list[float]:
+    """The floats of a serialized float_list_val (`data` starts with FLOAT_LIST_TAG)."""
+    _, pos = _read_varint(data, 2)
+    if pos == len(data):
+        return []
+    size, pos = _read_varint(data, pos + 1)
+    return np.frombuffer(data, dtype="<f4", count=size // 4, offset=pos).tolist()
+
+
 def decode_value(data: Optional[bytes]) -> Any:
-    """A serialized feast.types.Value back to a Python scalar (None for NULL or a missing field)."""
+    """A serialized feast.types.Value back to a Python scalar (None for NULL or a missing field); a float list (a
+    vector) to a list of floats."""
     if not data:
         return None
+    if data.startswith(FLOAT_LIST_TAG):
+        return decode_float_list(data)
     kind = _KINDS.get(data[0])
     if kind in _FLOATS:
         return struct.unpack_from(_FLOATS[kind], data, 1)[0]

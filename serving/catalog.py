@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from common.version_log import VersionLog
 from dsl.duration import milliseconds
-from dsl.types import ValueType
+from dsl.types import MAX_VECTOR_DIM, VECTOR_METRICS, FeatureType, ValueType, Vector
 from redis_store.layout import field_name, ts_field
 from serving.errors import RegistryError
 from serving.on_demand import OnDemandSpec, on_demand_spec
@@ -34,7 +34,7 @@ _versions = itertools.count(1)
 @dataclass(frozen=True)
 class FeatureSpec:
     name: str
-    kind: Optional[ValueType]  # None: a Feast type outside the DSL (lists, bytes...), decoded generically
+    kind: Optional[FeatureType]  # None: a Feast type outside the DSL (lists, bytes...), decoded generically
     field: bytes  # the hash field, murmur3 of `view:feature`
 
 
@@ -79,6 +79,18 @@ def value_type(dtype: Any) -> Optional[ValueType]:
         return None
 
 
+def field_type(feast_field: Any) -> Optional[FeatureType]:
+    """The DSL type of a Feast field: a `Vector` for a float list indexed for search (its length and metric kept
+    on the field), else `value_type` of its dtype."""
+    metric = (feast_field.vector_search_metric or "L2").upper()
+    if feast_field.vector_index and 0 < feast_field.vector_length <= MAX_VECTOR_DIM and metric in VECTOR_METRICS:
+        from feast import types as ft
+
+        if feast_field.dtype == ft.Array(ft.Float32):
+            return Vector(feast_field.vector_length, metric)
+    return value_type(feast_field.dtype)
+
+
 def version_conflicts(version_log: VersionLog, project: str) -> dict[str, str]:
     """View -> why it is refused, for each view whose online values are of another version than the applied."""
     return {view: (f"feature view `{view}`: its online values are of version {written.version} "
@@ -101,7 +113,7 @@ def _view_spec(view: Any, versioning: bool, conflict: Optional[str]) -> ViewSpec
             raise RegistryError(f"feature view `{view.name}`: join key `{column.name}` has type {column.dtype}; "
                                 "the online reader supports string, int32 and int64 join keys")
         join_keys.append((column.name, kind))
-    features = {f.name: FeatureSpec(f.name, value_type(f.dtype), field_name(storage, f.name))
+    features = {f.name: FeatureSpec(f.name, field_type(f), field_name(storage, f.name))
                 for f in view.features}
     ttl_ms = milliseconds(view.ttl) if view.ttl else None
     return ViewSpec(view.name, storage, tuple(join_keys), features, ttl_ms or None, ts_field(storage), conflict)

@@ -2,7 +2,8 @@
 
 A value counts only when it is already of its column's type, the rule the stream's parser applies to Kafka JSON
 (README, Writing features): a str for String; an int (never a bool) in range for Int32, Int64 and Timestamp (epoch
-milliseconds); an int or a finite float for Float32/Float64; a bool for Bool; None for no value. Nothing is cast.
+milliseconds); an int or a finite float for Float32/Float64; a bool for Bool; a list of exactly `dim` such numbers
+(in float32 range) for Vector(dim); None for no value. Nothing is cast.
 Python and pandas instants (datetime, pandas Timestamp) become epoch milliseconds and pandas' missing values
 (NaN, NaT, NA) None first: those are spellings of a value, not another type. The first bad value is refused with
 its row and column, and then no row of the push is written.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 from common.errors import shown
 from common.instants import format_epoch_ms
 from dsl.compile_stream_source import MAX_AHEAD_MS
-from dsl.types import ValueType
+from dsl.types import FeatureType, ValueType, Vector
 from serving.errors import RequestError
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ def epoch_ms(value: dt.datetime) -> int:
 def _plain(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return epoch_ms(value)
+    if getattr(value, "ndim", 0):  # a numpy array: a vector
+        return value.tolist()
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a numpy scalar
         return value.item()
     return value
@@ -89,8 +92,22 @@ def columns_of(rows: PushRows) -> dict[str, list]:
     return {name: [_plain(row.get(name)) for row in rows] for name in names}
 
 
-def _problem(value: Any, kind: ValueType) -> str:
+def _vector_problem(value: Any, kind: Vector) -> str:
+    if type(value) not in (list, tuple):
+        return f"{kind.value} takes a list of {kind.dim} numbers, not {type(value).__name__} {shown(value)}"
+    if len(value) != kind.dim:
+        return f"{kind.value} takes a list of {kind.dim} numbers, got {len(value)}: the dimension does not match"
+    for i, number in enumerate(value):
+        problem = _problem(number, ValueType.FLOAT32)
+        if problem:
+            return f"element {i}: {problem}"
+    return ""
+
+
+def _problem(value: Any, kind: FeatureType) -> str:
     """Why `value` is no value of `kind`; empty when it is one."""
+    if isinstance(kind, Vector):
+        return _vector_problem(value, kind)
     if kind is ValueType.STRING:
         ok = type(value) is str
     elif kind in _INT_RANGES:
@@ -111,7 +128,7 @@ def _problem(value: Any, kind: ValueType) -> str:
     return f"{kind.value} takes {_WANTED[kind]}, not {type(value).__name__} {shown(value)} (nothing is cast)"
 
 
-def check_columns(columns: Mapping[str, list], schema: Mapping[str, ValueType], required: Mapping[str, str],
+def check_columns(columns: Mapping[str, list], schema: Mapping[str, FeatureType], required: Mapping[str, str],
                   what: str, needed: Sequence[str] = ()) -> int:
     """The number of rows, once every value is of its column's type, every `required` column (name -> why)
     holds a value in every row and every `needed` column is given (nulls allowed); else a PushRowError naming

@@ -22,7 +22,7 @@ from dsl.compile_stream_source import source_keys
 from dsl.feature_view import FeatureView
 from dsl.repo import Repository
 from dsl.source import EventSource
-from dsl.types import ValueType
+from dsl.types import FeatureType, ValueType
 from serving.catalog import Catalog, ViewSpec
 from serving.errors import RequestError
 
@@ -50,7 +50,7 @@ class EventTarget:
         return self.source.name
 
     @property
-    def schema(self) -> dict[str, ValueType]:
+    def schema(self) -> dict[str, FeatureType]:
         return dict(self.source.schema)
 
     @property
@@ -75,7 +75,7 @@ class ViewTarget:
     spec: ViewSpec  # the registry's: storage name, hash fields and `_ts` field as readers see them
 
     @property
-    def schema(self) -> dict[str, ValueType]:
+    def schema(self) -> dict[str, FeatureType]:
         return {**self.view.entity.join_keys, **self.view.output_schema(), EVENT_TIMESTAMP: ValueType.TIMESTAMP}
 
     @property

@@ -32,27 +32,26 @@ TIMESTAMP_TYPE = pa.timestamp("ms", "UTC")
 
 
 def write_history(source: AssetSource, data_dir: Path, derived: pa.Table) -> Path | None:
-    """The run's rows (the source's columns and the embedding) as one new Parquet file of the source's history."""
+    """The run's rows (the source's columns) as one new Parquet file of the source's history."""
     if not derived.num_rows:
         return None
     folder = source_path(source, data_dir)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"assets-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.parquet"
     staged = folder / f".{name}"
-    pq.write_table(derived.select([*source.schema, source.embedding.name]), staged)
+    pq.write_table(derived.select(list(source.schema)), staged)
     os.replace(staged, folder / name)
     return folder / name
 
 
-def view_rows(view: FeatureView, derived: pa.Table, embedding: str) -> pa.Table:
-    """Join keys, event time, the view's features and the embedding of each derived row."""
+def view_rows(view: FeatureView, derived: pa.Table) -> pa.Table:
+    """Join keys, event time and the view's features of each derived row."""
     schema = view.output_schema()
     columns = {key: derived.column(key) for key in view.entity.join_keys}
     columns[EVENT_TIMESTAMP] = derived.column(ASSET_TIMESTAMP).cast(pa.int64()).cast(TIMESTAMP_TYPE)
     for name, kind in schema.items():
         column = next(f.column for f in view.attributes if f.feature_names[0] == name)
         columns[name] = derived.column(column).cast(kind.arrow_type())
-    columns[embedding] = derived.column(embedding)
     return pa.table(columns)
 
 
@@ -89,7 +88,7 @@ def _row_keys(table: pa.Table, keys: list[str]) -> pa.Array:
     return pc.binary_join_element_wise(*parts, "\x1f").combine_chunks()
 
 
-def write_views(views: list[FeatureView], derived: pa.Table, embedding: str, target: BackfillTarget) -> dict:
+def write_views(views: list[FeatureView], derived: pa.Table, target: BackfillTarget) -> dict:
     """Each view's new rows into its offline table, recorded in the backfill log with the view's version; returns
     view name -> (first, last) event time written, in ms."""
     written: dict[str, tuple[int, int]] = {}
@@ -97,7 +96,7 @@ def write_views(views: list[FeatureView], derived: pa.Table, embedding: str, tar
     settings = SourceSettings(target.bootstrap_servers, target.data_dir)
     try:
         for view in views:
-            rows = view_rows(view, derived, embedding)
+            rows = view_rows(view, derived)
             stats = write_view(offline_table_path(target.data_dir, view), rows, list(view.entity.join_keys))
             if not stats.rows:
                 continue

@@ -157,7 +157,7 @@ def process_assets(source: AssetSource, views: list[FeatureView], target: Backfi
     result = run_derivation(source, target.data_dir, record, workers, on_total, on_assets)
     derived = result.table("derived", output_schema(source.embedding))
     history = write_history(source, target.data_dir, derived)
-    written = write_views(views, derived, source.embedding.name, target)
+    written = write_views(views, derived, target)
     record.update(pa.concat_tables([derived, result.table("unchanged", derived.schema)]),
                   result.table("failed", FAILURE_SCHEMA))
     record.save()

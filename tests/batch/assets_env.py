@@ -14,7 +14,7 @@ ASSET_VIEW = '''
 from dsl import AssetSource, MESH_FEATURES, ShapeDescriptor
 asset_meshes = AssetSource("asset_meshes", assets="assets/assets.parquet", embedding=ShapeDescriptor(pairs={pairs}))
 asset_geometry = FeatureView(name="asset_geometry", entity=asset, source=asset_meshes, tile="1h", ttl="3650d",
-                             features=[Attribute(c) for c in MESH_FEATURES])
+                             features=[Attribute(c) for c in [*MESH_FEATURES, "shape_d2"]])
 '''
 
 

@@ -157,10 +157,13 @@ def test_process_command_on_a_running_cluster_materializes_for_feast(repo: Path,
     assert f"asset_meshes: {N_ASSETS} listed, {N_ASSETS} derived" in done.stdout
     assert f"asset_geometry: materialized {N_ASSETS} assets" in done.stdout
     offline = _by_id(env.offline_rows(repo))
-    online = store.get_online_features(features=["asset_geometry:surface_area", "asset_geometry:components"],
+    features = ["asset_geometry:surface_area", "asset_geometry:components", "asset_geometry:shape_d2"]
+    online = store.get_online_features(features=features,
                                        entity_rows=[{"asset_id": a} for a in sorted(offline)]).to_dict()
     assert online["surface_area"] == pytest.approx([offline[a]["surface_area"] for a in sorted(offline)])
     assert online["components"] == [offline[a]["components"] for a in sorted(offline)]
+    for asset_id, vector in zip(sorted(offline), online["shape_d2"]):
+        np.testing.assert_array_equal(np.asarray(vector, np.float32), np.asarray(offline[asset_id]["shape_d2"]))
 
 
 def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):

@@ -1,0 +1,36 @@
+"""A private feature repo with a vector feature (`asset_shape.embedding`, Vector(dim)) beside a category, registered
+in a SQLite registry against the shared Redis: the repo of the vector-type and search tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from cli_helpers import ROOT, register_repo
+
+FEATURES_PY = '''\
+from dsl import Attribute, Entity, EventSource, FeatureView, Int64, String, Timestamp, Vector
+
+asset = Entity("asset", join_keys={{"asset_id": String}})
+shapes = EventSource(name="asset_shapes", timestamp_field="updated_at", path="asset_shapes",
+                     schema={{"asset_id": String, "category": String, "faces": Int64, "embedding": Vector({dim}),
+                              "updated_at": Timestamp}})
+asset_shape = FeatureView(name="asset_shape", entity=asset, source=shapes, tile="1h", ttl="365d",
+                          features=[Attribute("category"), Attribute("faces"), Attribute("embedding")])
+'''
+
+
+def make_vector_repo(folder: Path, project: str, dim: int, platform: dict | None = None):
+    """`folder/project` with the vector view applied; returns (repo path, Feast's FeatureStore)."""
+    repo = folder / project
+    repo.mkdir(parents=True)
+    (repo / "features.py").write_text(FEATURES_PY.format(dim=dim))
+    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
+    settings["project"] = project
+    settings["registry"]["path"] = f"sqlite:///{folder / project}.db"
+    settings["platform"]["data_dir"] = str(folder / f"{project}-data")
+    settings["platform"]["state_dir"] = str(folder / f"{project}-state")
+    settings["platform"].update(platform or {})
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    return repo, register_repo(repo)

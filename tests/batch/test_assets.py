@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import trimesh
 
@@ -47,7 +48,7 @@ def test_features_equal_trimesh_figures_on_the_same_files(repo: Path):
     summary = env.process(repo)
     assert sum(t.num_rows for t in summary.result.derived) == N_ASSETS and not summary.result.failed
     rows = _by_id(env.offline_rows(repo))
-    listing = _by_id(__import__("pyarrow.parquet").parquet.read_table(repo.parent / "data/assets/assets.parquet"))
+    listing = _by_id(pq.read_table(repo.parent / "data/assets/assets.parquet"))
     assert set(rows) == set(listing)
     watertight = 0
     for asset_id, row in rows.items():
@@ -192,5 +193,5 @@ def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):
         derived = rows[row["asset_id"]]
         assert (derived["vertex_count"], derived["face_count"]) == (len(mesh.vertices), len(mesh.faces))
         assert derived["surface_area"] == pytest.approx(mesh.area) and len(derived["shape_d2"]) == 64
-    listing = __import__("pyarrow.parquet").parquet.read_table(repo.parent / "data/assets/assets.parquet")
+    listing = pq.read_table(repo.parent / "data/assets/assets.parquet")
     assert listing.num_rows == N_ASSETS + 2 and listing.column("category").to_pylist()[-2:] == ["generated"] * 2

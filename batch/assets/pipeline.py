@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from batch.assets.inventory import take_inventory
 from batch.assets.offline import write_history, write_views
 from batch.assets.state import FAILURE_SCHEMA, AssetRecord
 from batch.backfill import BackfillTarget
+from common.errors import FeaturectlError
 from dsl.assets import AssetSource, ShapeDescriptor
 from dsl.feature_view import FeatureView
 
@@ -39,6 +41,7 @@ TASK_RETRIES = 3
 TASKS_PER_WORKER = 8  # blocks per worker: enough to even out uneven meshes, few enough that per-task cost is small
 MAX_BLOCK_ASSETS = 64  # and a retry redoes little
 OBJECT_STORE_BYTES = 256 * 1024**2
+REACH_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -56,6 +59,10 @@ class DeriveResult:
         return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
 
 
+class AssetPipelineError(FeaturectlError, RuntimeError):
+    """The pipeline cannot run as asked; the message says why and what to do."""
+
+
 @contextlib.contextmanager
 def ray_session(address: Optional[str], workers: int) -> Iterator[None]:
     """Use the Ray already initialized in this process, join the cluster at `address`, or start a local Ray of
@@ -66,7 +73,12 @@ def ray_session(address: Optional[str], workers: int) -> Iterator[None]:
         yield
         return
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, ValueError) as exc:
+            raise AssetPipelineError(f"cannot join the Ray cluster at {address} ({exc}): check the address, or "
+                                     "leave out --address for a local Ray") from None
     else:
         root = str(Path(__file__).resolve().parents[2])  # workers import this package from the same checkout
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
@@ -77,6 +89,18 @@ def ray_session(address: Optional[str], workers: int) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once on a `host:port` nobody listens at (Ray itself would wait for minutes)."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not port.isdigit():
+        return  # `auto`, `ray://...`: Ray resolves those itself
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise AssetPipelineError(f"nothing answers at the Ray address {address} ({exc.strerror or exc}): start the "
+                                 "cluster (`ray start --head`) or leave out --address for a local Ray") from None
 
 
 def quiet_ray_data() -> None:
@@ -91,6 +115,7 @@ def derive_assets(todo: pa.Table, descriptor: ShapeDescriptor, workers: int,
                   on_assets: Optional[Callable[[int], None]] = None) -> Iterator[pa.Table]:
     """Derived rows of every asset of `todo` (INPUT_SCHEMA), in blocks as Ray tasks finish them."""
     import ray.data
+    import ray.exceptions
 
     quiet_ray_data()
     size = max(1, min(MAX_BLOCK_ASSETS, -(-todo.num_rows // (workers * TASKS_PER_WORKER))))
@@ -98,10 +123,14 @@ def derive_assets(todo: pa.Table, descriptor: ShapeDescriptor, workers: int,
     dataset = ray.data.from_arrow(blocks).map_batches(
         derive_batch, batch_format="pyarrow", batch_size=None, fn_kwargs={"descriptor": descriptor},
         compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1, max_retries=TASK_RETRIES)
-    for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-        if on_assets:
-            on_assets(batch.num_rows)
-        yield batch
+    try:
+        for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            if on_assets:
+                on_assets(batch.num_rows)
+            yield batch
+    except ray.exceptions.RayError as exc:  # a task failed past its retries: nothing is written, nothing is lost
+        raise AssetPipelineError(f"a Ray task failed {TASK_RETRIES + 1} times ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0]}); nothing was written: run it again") from exc
 
 
 def run_derivation(source: AssetSource, data_dir: Path, record: AssetRecord, workers: int,

@@ -80,7 +80,7 @@ class AssetSource(EventSource):
     derived rows go to the Parquet history `path` (default: the source's name). A folder's asset ids are the file
     names without extension and their update times the files' modification times."""
 
-    schema: Mapping[str, FeatureType] = field(default=None, init=False)
+    schema: Mapping[str, FeatureType] = field(default_factory=dict, init=False)
     timestamp_field: Optional[str] = field(default=ASSET_TIMESTAMP, init=False)
     assets: str = ""
     embedding: ShapeDescriptor = field(default_factory=ShapeDescriptor)

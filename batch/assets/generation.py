@@ -72,7 +72,7 @@ class CubeGenerator:
 
         rows = batch.to_pylist()
         requests = [GenerationRequest(r["prompt"], r["condition_asset_id"], int(r["seed"])) for r in rows]
-        jobs = []
+        jobs: list = []
         self.pipeline.run_batch(requests, jobs.append)
         return pa.Table.from_pylist([self._write(row, job) for row, job in zip(rows, jobs)], RESULT_SCHEMA)
 

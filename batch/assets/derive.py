@@ -51,7 +51,6 @@ def _derive(row: dict, descriptor: ShapeDescriptor) -> dict:
         features = mesh_features(decode_mesh(data, path.suffix.lstrip(".").lower()), descriptor)
     except MeshDecodeError as exc:
         return {**out, "status": FAILED, "reason": str(exc)}
-    embedding = features.embedding if np.isfinite(features.embedding).all() else None
-    if embedding is None:
+    if not np.isfinite(features.embedding).all():
         return {**out, "status": FAILED, "reason": "the shape descriptor is not finite (a degenerate mesh)"}
-    return {**out, **features.values, descriptor.name: embedding.tolist(), "status": OK}
+    return {**out, **features.values, descriptor.name: features.embedding.tolist(), "status": OK}

@@ -81,8 +81,8 @@ def take_inventory(source: AssetSource, data_dir: Path, record: AssetRecord) -> 
     sizes = pa.array([s.st_size if s else None for s in stats], pa.int64())
     mtimes = pa.array([s.st_mtime_ns if s else None for s in stats], pa.int64())
     updated = pc.max_element_wise(listed.column(ASSET_TIMESTAMP), pc.divide(mtimes, 1_000_000))
-    listed = listed.set_column(3, ASSET_TIMESTAMP, updated).append_column("size", sizes).append_column(
-        "mtime_ns", mtimes)
+    listed = listed.set_column(listed.column_names.index(ASSET_TIMESTAMP), ASSET_TIMESTAMP, updated)
+    listed = listed.append_column("size", sizes).append_column("mtime_ns", mtimes)
     known = {row[ASSET_ID]: row for row in record.derived.to_pylist()}
     failed = {row[ASSET_ID]: row for row in record.failures.to_pylist()}
     rows = []

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -148,7 +149,7 @@ def test_a_worker_killed_mid_run_still_ends_with_every_asset_once(tmp_path: Path
     assert sum(t.num_rows for t in summary.result.derived) == N_ASSETS
 
 
-def test_process_command_on_a_running_cluster_materializes_for_feast(repo: Path, local_services):
+def test_commands_on_a_running_cluster_materialize_assets_and_generated_ones_for_feast(repo: Path, local_services):
     import ray
 
     store = register_repo(repo)
@@ -166,9 +167,20 @@ def test_process_command_on_a_running_cluster_materializes_for_feast(repo: Path,
     for asset_id, vector in zip(sorted(offline), online["shape_d2"]):
         np.testing.assert_array_equal(np.asarray(vector, np.float32), np.asarray(offline[asset_id]["shape_d2"]))
 
+    from batch.assets.generation import generated_id
+
+    prompts = repo.parent / "prompts.parquet"
+    pq.write_table(pa.table({"prompt": ["a small red vase"]}), prompts)
+    done = featurectl("--repo", str(repo), "assets", "generate", str(prompts), "--config", "tiny", "--address",
+                      address, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "generated 1 of 1 meshes" in done.stdout and "1 derived, 0 unchanged, 0 failed" in done.stdout
+    new_id = generated_id("a small red vase", None, 0)
+    online = store.get_online_features(features=features, entity_rows=[{"asset_id": new_id}]).to_dict()
+    assert len(online["shape_d2"][0]) == 64 and online["surface_area"][0] > 0
+
 
 def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):
-    import pyarrow as pa
 
     from batch.assets.generation import add_to_source, generate, generated_folder, generated_id
     from common.config import load_config

@@ -181,7 +181,6 @@ def test_commands_on_a_running_cluster_materialize_assets_and_generated_ones_for
 
 
 def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):
-
     from batch.assets.generation import add_to_source, generate, generated_folder, generated_id
     from common.config import load_config
     from dsl import load_repo

@@ -100,17 +100,19 @@ def process(ctx, source_name: Optional[str], address: Optional[str], workers: in
 
     cfg = ctx.config()
     chosen = _asset_views(load_repo(cfg.repo_path), source_name)
-    with ray_session(address, workers):
+    with ray_session(address, workers) as start_ray:
         for source, views in chosen:
-            _process_source(cfg, source, views, workers, materialize)
+            _process_source(cfg, source, views, workers, materialize, start_ray)
 
 
-def _process_source(cfg, source, views, workers: int, materialize: bool) -> None:
-    """Derive one source's changed assets in the current Ray session, print the summary, materialize."""
+def _process_source(cfg, source, views, workers: int, materialize: bool, start_ray: Callable[[], None]) -> None:
+    """Derive one source's changed assets (on Ray, started by `start_ray` if there are some), print the summary,
+    materialize."""
     from batch.assets.pipeline import process_assets
 
     with tqdm(unit="asset", desc=source.name) as bar:
-        summary = process_assets(source, views, _target(cfg), workers, on_total=bar.reset, on_assets=bar.update)
+        summary = process_assets(source, views, _target(cfg), workers, on_total=bar.reset, on_assets=bar.update,
+                                 start_ray=start_ray)
     result = summary.result
     failed = result.table("failed", summary.failures.schema)
     click.echo(f"{source.name}: {result.listed:,} listed, {sum(t.num_rows for t in result.derived):,} derived, "
@@ -164,7 +166,8 @@ def generate(ctx, prompts: Path, source_name: Optional[str], config_name: str, a
     (source, views), = chosen
     table = read_prompts(prompts)
     config = service_config(config_name)
-    with ray_session(address, workers):
+    with ray_session(address, workers) as start_ray:
+        start_ray()
         with tqdm(total=table.num_rows, unit="mesh", desc="cube3d") as bar:
             results = pa.concat_tables(generate_meshes(table, generated_folder(source, cfg.data_dir), config, actors,
                                                        str(cfg.repo_path), cfg.registry_url, on_rows=bar.update))
@@ -174,7 +177,7 @@ def generate(ctx, prompts: Path, source_name: Optional[str], config_name: str, a
         for row in results.filter(pa.compute.equal(results.column("status"), "failed")).to_pylist():
             click.echo(f"  failed: {row['prompt']!r}: {row['reason']}")
         add_to_source(source, cfg.data_dir, ok)
-        _process_source(cfg, source, views, workers, materialize)
+        _process_source(cfg, source, views, workers, materialize, start_ray)
 
 
 COMMANDS = [assets]

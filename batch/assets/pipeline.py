@@ -64,14 +64,31 @@ class AssetPipelineError(FeaturectlError, RuntimeError):
 
 
 @contextlib.contextmanager
-def ray_session(address: Optional[str], workers: int) -> Iterator[None]:
-    """Use the Ray already initialized in this process, join the cluster at `address`, or start a local Ray of
-    `workers` CPUs on 127.0.0.1 (no dashboard) and stop it afterwards."""
+def ray_session(address: Optional[str], workers: int) -> Iterator[Callable[[], None]]:
+    """Yields `start`, which the first step that needs Ray calls (a run with nothing to derive starts none): it
+    uses the Ray already initialized in this process, joins the cluster at `address`, or starts a local Ray of
+    `workers` CPUs on 127.0.0.1 (no dashboard); a Ray started here is stopped at the end."""
     import ray
 
-    if ray.is_initialized():
-        yield
-        return
+    started = False
+
+    def start() -> None:
+        nonlocal started
+        if ray.is_initialized():
+            return
+        _init_ray(address, workers)
+        started = True
+
+    try:
+        yield start
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _init_ray(address: Optional[str], workers: int) -> None:
+    import ray
+
     if address:
         _check_reachable(address)
         try:
@@ -79,16 +96,12 @@ def ray_session(address: Optional[str], workers: int) -> Iterator[None]:
         except (ConnectionError, ValueError) as exc:
             raise AssetPipelineError(f"cannot join the Ray cluster at {address} ({exc}): check the address, or "
                                      "leave out --address for a local Ray") from None
-    else:
-        root = str(Path(__file__).resolve().parents[2])  # workers import this package from the same checkout
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
+        return
+    root = str(Path(__file__).resolve().parents[2])  # workers import this package from the same checkout
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address="127.0.0.1",
+             object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.WARNING,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
 
 
 def _check_reachable(address: str) -> None:
@@ -134,9 +147,10 @@ def derive_assets(todo: pa.Table, descriptor: ShapeDescriptor, workers: int,
 
 
 def run_derivation(source: AssetSource, data_dir: Path, record: AssetRecord, workers: int,
-                   on_total: Optional[Callable[[int], None]] = None,
-                   on_assets: Optional[Callable[[int], None]] = None) -> DeriveResult:
-    """Derive the source's changed assets (in the current Ray session) and sort the rows by outcome."""
+                   on_total: Optional[Callable[[int], None]] = None, on_assets: Optional[Callable[[int], None]] = None,
+                   start_ray: Callable[[], None] = lambda: None) -> DeriveResult:
+    """Derive the source's changed assets (calling `start_ray` first when there are some; by default Ray is
+    already initialized) and sort the rows by outcome."""
     started = time.perf_counter()
     inventory = take_inventory(source, data_dir, record)
     result = DeriveResult(listed=inventory.listed)
@@ -145,6 +159,7 @@ def run_derivation(source: AssetSource, data_dir: Path, record: AssetRecord, wor
     if on_total:
         on_total(inventory.todo.num_rows)
     if inventory.todo.num_rows:
+        start_ray()
         for batch in derive_assets(inventory.todo, source.embedding, workers, on_assets):
             status = batch.column("status")
             for name, outcome in (("derived", OK), ("unchanged", UNCHANGED), ("failed", FAILED)):
@@ -179,11 +194,12 @@ class ProcessSummary:
 
 def process_assets(source: AssetSource, views: list[FeatureView], target: BackfillTarget, workers: int,
                    on_total: Optional[Callable[[int], None]] = None,
-                   on_assets: Optional[Callable[[int], None]] = None) -> ProcessSummary:
-    """Derive the changed assets of `source` (in the current Ray session), write the history and the offline
-    tables of `views`, then replace the source's record."""
+                   on_assets: Optional[Callable[[int], None]] = None,
+                   start_ray: Callable[[], None] = lambda: None) -> ProcessSummary:
+    """Derive the changed assets of `source` (`start_ray` as in `run_derivation`), write the history and the
+    offline tables of `views`, then replace the source's record."""
     record = AssetRecord.load(target.data_dir, source.name)
-    result = run_derivation(source, target.data_dir, record, workers, on_total, on_assets)
+    result = run_derivation(source, target.data_dir, record, workers, on_total, on_assets, start_ray)
     derived = result.table("derived", output_schema(source.embedding))
     history = write_history(source, target.data_dir, derived)
     written = write_views(views, derived, target)

@@ -3,8 +3,10 @@
     from dsl import (Entity, EventSource, FeatureView, FeatureService, FeatureLogging, Aggregation, Attribute, col,
                      String, Vector)
     from dsl import RequestFields, on_demand      # request-time features (`dsl.on_demand`)
+    from dsl import AssetSource, MESH_FEATURES    # features derived from 3D asset files (`dsl.assets`)
 """
 
+from dsl.assets import MESH_FEATURES, AssetSource, ShapeDescriptor
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, MissingTimestampError, TypeMismatchError,
                         UnknownColumnError, UnknownReferenceError, WindowError)
@@ -19,9 +21,10 @@ from dsl.source import EventSource
 from dsl.types import Bool, Float32, Float64, Int32, Int64, String, Timestamp, ValueType, Vector
 
 __all__ = [
-    "Aggregation", "AllowedValues", "Attribute", "Bool", "DefinitionError", "DuplicateNameError", "Entity",
-    "EventSource", "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView", "Float32", "Float64", "InRange",
-    "Int32", "Int64", "MaxChange", "MissingTimestampError", "NotNullRate", "OnDemandView", "Repository",
-    "RequestFields", "String", "Timestamp", "TypeMismatchError", "UnknownColumnError", "UnknownReferenceError",
-    "ValueType", "Vector", "Window", "WindowError", "col", "load_repo", "on_demand",
+    "MESH_FEATURES", "Aggregation", "AllowedValues", "AssetSource", "Attribute", "Bool", "DefinitionError",
+    "DuplicateNameError", "Entity", "EventSource", "FeatureLogging", "FeatureRef", "FeatureService", "FeatureView",
+    "Float32", "Float64", "InRange", "Int32", "Int64", "MaxChange", "MissingTimestampError", "NotNullRate",
+    "OnDemandView", "Repository", "RequestFields", "ShapeDescriptor", "String", "Timestamp", "TypeMismatchError",
+    "UnknownColumnError", "UnknownReferenceError", "ValueType", "Vector", "Window", "WindowError", "col",
+    "load_repo", "on_demand",
 ]

@@ -72,7 +72,7 @@ def _show_warning_unless_deprecation(message, category, filename, lineno, file=N
 COMMAND_MODULES = ("init_commands", "services", "repo_commands", "datagen", "demo", "bench", "materialize_commands",
                    "serve_commands", "keys_commands", "generate_commands", "gateway_commands", "batch_commands",
                    "stream_commands", "delete_commands", "ui_commands", "versions_commands", "status_commands",
-                   "models_commands", "report_commands", "similar_commands")
+                   "models_commands", "report_commands", "asset_commands")
 
 
 def _register_commands() -> None:

@@ -1,8 +1,9 @@
-"""`featurectl datagen history | live`: synthetic data for the example repo, from a fixed seed."""
+"""`featurectl datagen history | live | assets`: synthetic data for the example repo, from a fixed seed."""
 
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import click
 from tqdm import tqdm
@@ -59,6 +60,23 @@ def live(ctx, rate: float, seconds: float, topic: str, assets: int, users: int, 
         sent = produce_live(_spec(seed, assets, users), cfg.platform.kafka.bootstrap_servers, topic, rate,
                             seconds, on_chunk=bar.update)
     click.echo(f"produced {sent:,} events to {topic} in {seconds:g}s")
+
+
+@datagen.command()
+@click.argument("n", type=click.IntRange(min=1))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="folder for the meshes and assets.parquet (default: DATA_DIR/assets)")
+@click.option("--seed", default=7, show_default=True)
+@click.pass_obj
+def assets(ctx, n: int, out: Path | None, seed: int) -> None:
+    """N meshes of varied shapes (GLB/OBJ/PLY) and their list, assets.parquet."""
+    write_assets = checkout_module("feature_repo.sample_meshes").write_assets
+
+    out = out or ctx.config().data_dir / "assets"
+    now_ms = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+    with tqdm(total=n, unit="asset", desc="meshes") as bar:
+        listing = write_assets(n, out, now_ms, seed, on_asset=bar.update)
+    click.echo(f"wrote {n:,} meshes and their list {listing}")
 
 
 COMMANDS = [datagen]

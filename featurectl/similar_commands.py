@@ -1,4 +1,4 @@
-"""`featurectl similar ASSET_ID -k 10 [--view VIEW]`: the k entities whose vector feature is nearest to the given
+"""`featurectl assets similar ASSET_ID -k 10 [--view VIEW]`: the k entities whose vector feature is nearest to the given
 one's, for people: its vector is read from Redis, searched in the vector index (`serving.search`), and the hits
 printed nearest first with their distance and the view's other features. The asset itself is left out."""
 
@@ -51,5 +51,3 @@ def similar(ctx, entity_id: str, k: int, view_name: Optional[str]) -> None:
     for rank, (hit, distance, values) in enumerate(rows, 1):
         click.echo("\t".join([str(rank), str(hit), f"{distance:.6g}", *map(str, values)]))
 
-
-COMMANDS = [similar]

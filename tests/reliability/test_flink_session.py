@@ -21,6 +21,7 @@ from batch.backfill import BackfillTarget, backfill
 from cli_helpers import ROOT, featurectl, free_port
 from common.config import ProjectConfig, load_config
 from common.flink_rest import ENDED, FlinkRest
+from common.storage import Storage
 from dsl import load_repo
 from fault_env import sibling
 from featurectl.services.flink_cluster import FlinkJobManager, FlinkTaskManager
@@ -223,7 +224,7 @@ def test_an_orphan_whose_savepoint_fails_is_cancelled_and_its_checkpoint_restore
         orphan = first["flink_job_id"]
         assert cluster.rest.state(orphan) == "RUNNING"
         home = read_statuses(repo.folder / "state")[0][0]
-        blocker = savepoints(home / "checkpoints" / first["fingerprint"])
+        blocker = Path(savepoints(Storage.local(home).child("checkpoints", first["fingerprint"])).display)
         shutil.rmtree(blocker, ignore_errors=True)
         blocker.write_text("a file where Flink would make the savepoint folder")
         stream = StreamProcess(repo, tmp_path / "stream-2.log")

@@ -4,8 +4,9 @@ A stream's first start, a start after its state is gone (no checkpoint) and `fea
 new *generation*: the cutover of each source with history is fixed then (`History.cutovers`), the batch side's
 tiles of the events before it are exported once (`History.export`, into `<shared>/history/<fingerprint>/`, where
 `shared` is the stream's folder of shared storage, else its home), and the job's SQL, with the cutovers and the
-generation in its fingerprint, gets fresh topics, consumer group and checkpoints. `<home>/generation.json` records it; a restart with a checkpoint of that fingerprint resumes it,
-with the same cutovers and history tiles, so nothing is counted twice however often it restarts.
+generation in its fingerprint, gets fresh topics, consumer group and checkpoints. `<home>/generation.json` records
+it; a restart with a checkpoint of that fingerprint resumes it, with the same cutovers and history tiles, so
+nothing is counted twice however often it restarts.
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ class StreamError(FeaturectlError, RuntimeError):
 class Target:
     """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster
     (`jobmanager`: its REST address); `key_ttl_s` is Feast's `online_store.key_ttl_seconds` (0: keys never expire);
-    `storage`: where the Flink job's checkpoints and the history tiles go (`common.storage`), `<storage>/streams/<job>/`,
-    else the stream's folder under `state_dir`."""
+    `storage`: where the Flink job's checkpoints and the history tiles go (`common.storage`):
+    `<storage>/streams/<job>/`, else the stream's folder under `state_dir`."""
 
     project: str
     redis: RedisSettings

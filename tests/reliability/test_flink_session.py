@@ -34,7 +34,7 @@ exactness = sibling("test_stream_exactness", "streaming")
 history = sibling("backfill_history", "batch")
 backfill_rows = sibling("test_backfill", "batch")
 StreamProcess, StreamRepo = stream_env.StreamProcess, stream_env.StreamRepo
-HOUR, MINUTE, T0 = exactness.HOUR, exactness.MINUTE, exactness.T0
+MINUTE, T0 = exactness.MINUTE, exactness.T0
 
 pytestmark = pytest.mark.integration
 
@@ -137,14 +137,7 @@ def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_kille
     repo = session_repo(cluster, tmp_path, "stream_session", parallelism=2)
     view = repo.views()[0]
     rng, log = random.Random(20), stream_env.EventLog()
-    parts = []
-    for i in range(3):
-        sent = len(log.payloads)
-        for event in exactness.interactions(rng, 1_500, T0 + i * 40 * MINUTE, T0 + (i + 1) * 40 * MINUTE, part=20 + i):
-            log.event(event)
-            if rng.random() < 0.01:
-                log.event({**event, "event_time": event["event_time"] - HOUR})  # late: a dead letter
-        parts.append(log.payloads[sent:])
+    parts = exactness.interaction_parts(log, rng, 3, 1_500, 40 * MINUTE, 20, late_share=0.01)
     on_time_after = [len([e for e in log.on_time if e["event_time"] < T0 + (i + 1) * 40 * MINUTE]) for i in range(3)]
     stream = StreamProcess(repo, tmp_path / "stream-1.log")
     try:

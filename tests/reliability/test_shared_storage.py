@@ -83,17 +83,13 @@ def test_stream_checkpoints_in_s3_and_resumes_from_them_exactly(s3, tmp_path):
     on_s3(repo.folder / "feature_store.yaml", s3, "streams-test")
     view = repo.views()[0]
     rng, log = random.Random(31), stream_env.EventLog()
-    halves = []
-    for i in range(2):
-        sent = len(log.payloads)
-        for event in exactness.interactions(rng, 600, T0 + i * 30 * MINUTE, T0 + (i + 1) * 30 * MINUTE, part=40 + i):
-            log.event(event)
-        halves.append((log.payloads[sent:], len(log.on_time)))
+    halves = exactness.interaction_parts(log, rng, 2, 600, 30 * MINUTE, 40)
+    on_time_after = [len([e for e in log.on_time if e["event_time"] < T0 + (i + 1) * 30 * MINUTE]) for i in range(2)]
     stream = StreamProcess(repo, tmp_path / "stream-1.log")
     try:
         stream.wait_running()
-        stream_env.produce(repo.topic, halves[0][0])
-        applied = stream.wait_events({view.name: halves[0][1]})
+        stream_env.produce(repo.topic, halves[0])
+        applied = stream.wait_events({view.name: on_time_after[0]})
         status = stream.wait(lambda s: (s.get("checkpoint") or {}).get("at", "") > applied["updated_at"],
                              "a checkpoint after the first half")
         assert status["checkpoint"]["path"].startswith(f"s3://{BUCKET}/streams-test/streams/"), status["checkpoint"]
@@ -105,8 +101,8 @@ def test_stream_checkpoints_in_s3_and_resumes_from_them_exactly(s3, tmp_path):
         stream = StreamProcess(repo, tmp_path / "stream-2.log")
         status = stream.wait_running()
         assert (status["restored_from"] or "").startswith(f"s3://{BUCKET}/"), status["restored_from"]
-        stream_env.produce(repo.topic, halves[1][0])
-        stream.wait_events({view.name: halves[1][1]})
+        stream_env.produce(repo.topic, halves[1])
+        stream.wait_events({view.name: on_time_after[1]})
         keys = sorted({e["asset_id"] for e in log.on_time})
         want, got = stream_env.expected(view, log.on_time), stream_env.served(repo.project, view, keys)
         assert not stream_env.mismatches(want, got, view.feature_names)

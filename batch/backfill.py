@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
@@ -32,6 +32,7 @@ from common.errors import FeaturectlError
 from common.flink import create_table_env
 from common.instants import check_range, format_epoch_ms
 from common.quality_log import QualityRecord
+from common.storage import Storage
 from dsl.compile_feast import offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.feature_view import FeatureView
@@ -68,6 +69,7 @@ class BackfillTarget:
     registry_url: str
     project: str
     bootstrap_servers: str = ""  # only the streaming DDL of the compiled views uses it
+    storage: Optional[Storage] = None  # shared storage for the exported tiles; None: a folder beside the tables
 
 
 @dataclass
@@ -122,24 +124,33 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     for warning in check_history(SourceNeeds.of_views(views), target.data_dir).warnings:
         log.warning(warning)
     summary = BackfillSummary(start, end, events_read=_count_events(jobs, settings))
-    offline_root = target.data_dir / "offline"
-    offline_root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".tiles-", dir=offline_root))
+    scratch = _scratch(target)
     try:
         progress.stage("flink: tiles", summary.events_read, "ev")
-        env = env or create_table_env(streaming=False, parallelism=parallelism, jobmanager=jobmanager)
+        env = env or create_table_env(streaming=False, parallelism=parallelism, jobmanager=jobmanager,
+                                      storage=target.storage)
         folders = export_tiles(env, jobs, scratch)
         progress.advance(summary.events_read)
         for job in jobs:
             summary.views.append(_write_view(job, folders[job.view.name], start_ms, end_ms, target, progress))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.delete()
     checked = check_backfill(list(views), start, end, target.data_dir, target.registry_url, target.project)
     for result in summary.views:
         result.quality = checked[result.view]
     _record(summary, target)
     summary.seconds = time.monotonic() - began
     return summary
+
+
+def _scratch(target: BackfillTarget) -> Storage:
+    """A new folder for the job's tiles: in shared storage when configured (the task managers write them), else
+    beside the offline tables."""
+    if target.storage is not None:
+        return target.storage.child("tiles", f"{target.project}-{uuid.uuid4().hex}")
+    offline_root = target.data_dir / "offline"
+    offline_root.mkdir(parents=True, exist_ok=True)
+    return Storage.local(Path(tempfile.mkdtemp(prefix=".tiles-", dir=offline_root)))
 
 
 def _count_events(jobs: list[TileJob], settings: SourceSettings) -> int:
@@ -159,11 +170,12 @@ def _count_events(jobs: list[TileJob], settings: SourceSettings) -> int:
     return total
 
 
-def _write_view(job: TileJob, tiles_folder: Path, start_ms: int, end_ms: int, target: BackfillTarget,
+def _write_view(job: TileJob, tiles_folder: Storage, start_ms: int, end_ms: int, target: BackfillTarget,
                 progress: Progress) -> ViewResult:
     view = job.view
     # The sink writes no file when a view has no tiles in range; the range is then replaced by nothing.
-    tiles = ds.dataset(tiles_folder, format="parquet").to_table() if tiles_folder.exists() else None
+    dataset = tiles_folder.dataset()
+    tiles = dataset.to_table() if dataset is not None else None
     tiles = tiles if tiles is not None and tiles.num_rows else None
     progress.stage(f"windows: {view.name}", tiles.num_rows if tiles else 0, "tiles")
     path = offline_table_path(target.data_dir, view)

@@ -19,6 +19,7 @@ from batch.input_schema import HistoryCheck, SourceNeeds, check_history
 from batch.tile_export import TileJob, export_tiles
 from common.flink import create_table_env
 from common.instants import format_epoch_ms, from_epoch_ms
+from common.storage import Storage
 from dsl.compile_flink import CompiledView, source_path
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
@@ -31,8 +32,10 @@ class ParquetHistory:
     each view's offline table were computed from it."""
 
     def __init__(self, data_dir: Path, registry_url: str, project: str, *, jobmanager: Optional[str] = None,
-                 parallelism: int = 1):
+                 parallelism: int = 1, storage: Optional[Storage] = None):
+        """`storage`: the shared storage the export's folder is in, when it is not local (`common.storage`)."""
         self.data_dir = data_dir
+        self.storage = storage
         self.registry_url = registry_url
         self.project = project
         self.jobmanager = jobmanager
@@ -59,7 +62,7 @@ class ParquetHistory:
         return out
 
     def export(self, views: Sequence[tuple[FeatureView, CompiledView]], cutovers: Mapping[str, int],
-               folder: Path) -> dict[str, Path]:
+               folder: Storage) -> dict[str, Storage]:
         """Each view's tiles of the events before its source's cutover (enough for its longest window), as
         Parquet files under `folder/<view>/`; views whose source has no cutover get none."""
         jobs = []
@@ -72,7 +75,8 @@ class ParquetHistory:
         if not jobs:
             return {}
         self._check(SourceNeeds.of_views([job.view for job in jobs]))
-        env = create_table_env(streaming=False, parallelism=self.parallelism, jobmanager=self.jobmanager)
+        env = create_table_env(streaming=False, parallelism=self.parallelism, jobmanager=self.jobmanager,
+                               storage=self.storage)
         folders = export_tiles(env, jobs, folder)
         self._warn_gaps(jobs)
         return folders

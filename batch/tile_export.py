@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
+from common.storage import Storage
 from dsl.compile_flink import TILE_START, CompiledView
 from dsl.feature_view import FeatureView
 from dsl.sql import create_table, quote_ident
@@ -42,8 +42,9 @@ def source_ranges(jobs: list[TileJob]) -> dict[str, tuple[int, int]]:
     return ranges
 
 
-def export_tiles(env, jobs: list[TileJob], out_dir: Path) -> dict[str, Path]:
-    """Run all tile queries as one job; returns each view's folder of Parquet tile files."""
+def export_tiles(env, jobs: list[TileJob], out_dir: Storage) -> dict[str, Storage]:
+    """Run all tile queries as one job; returns each view's folder of Parquet tile files (`out_dir`: a folder of
+    shared storage, or a local one when the job runs here)."""
     ranges = source_ranges(jobs)
     for statement in jobs[0].compiled.function_ddl:
         env.execute_sql(statement)
@@ -53,7 +54,7 @@ def export_tiles(env, jobs: list[TileJob], out_dir: Path) -> dict[str, Path]:
     statements = env.create_statement_set()
     folders = {}
     for job in jobs:
-        folders[job.view.name] = out_dir / job.view.name
+        folders[job.view.name] = out_dir.child(job.view.name)
         sink = f"{job.view.name}__tiles"
         env.execute_sql(f"DROP TEMPORARY TABLE IF EXISTS {quote_ident(sink)}")
         env.execute_sql(_sink_ddl(sink, job, folders[job.view.name]))
@@ -71,8 +72,8 @@ def _ranged_query(job: TileJob, start_ms: int, end_ms: int) -> str:
             f"{job.compiled.tile_query}")
 
 
-def _sink_ddl(sink: str, job: TileJob, folder: Path) -> str:
+def _sink_ddl(sink: str, job: TileJob, folder: Storage) -> str:
     columns = [f"{quote_ident(k)} {kind.flink_sql}" for k, kind in job.view.entity.join_keys.items()]
     columns.append(f"{quote_ident(TILE_START)} BIGINT")
     columns += [f"{quote_ident(c.name)} {c.sql_type}" for c in job.compiled.tile_columns]
-    return create_table(sink, columns, {"connector": "filesystem", "path": folder.as_uri(), "format": "parquet"})
+    return create_table(sink, columns, {"connector": "filesystem", "path": folder.uri, "format": "parquet"})

@@ -121,10 +121,28 @@ class VectorSettings(BaseModel):
     search_params: dict[str, Any] = Field(default_factory=dict)
 
 
+class S3Settings(BaseModel):
+    """The S3 service `s3://` shared storage talks to. Credentials are never in the file: featurectl, pyarrow and
+    Flink's S3 filesystem read AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from the environment."""
+
+    model_config = ConfigDict(extra="forbid")
+    endpoint: Optional[str] = Field(None, description="http(s)://host:port of an S3-compatible server; None: AWS")
+    region: str = Field("us-east-1", description="the buckets' region")
+    path_style_access: bool = Field(False, description="bucket in the path, not the host name (most servers "
+                                                       "other than AWS need it)")
+    local_port: int = Field(19000, description="port of the S3 server `featurectl services up --s3` starts")
+
+
 class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state_dir: str = "../.featurectl"
     data_dir: str = "../data"
+    shared_storage: Optional[str] = Field(
+        None, description="where Flink jobs and featurectl exchange files (stream checkpoints and savepoints, "
+                          "exported tiles): a folder, or a Flink filesystem URI (s3://bucket/prefix, hdfs://..., "
+                          "file:///mnt/shared) that every TaskManager reaches; None: folders under "
+                          "state_dir and data_dir, on this machine only")
+    s3: S3Settings = S3Settings()
     kafka: KafkaSettings = KafkaSettings()
     postgres: PostgresSettings = PostgresSettings()
     flink: FlinkSettings = FlinkSettings()
@@ -153,6 +171,19 @@ class ProjectConfig:
     @property
     def data_dir(self) -> Path:
         return (self.repo_path / self.platform.data_dir).resolve()
+
+    @property
+    def shared_storage(self):
+        """The `common.storage.Storage` of `platform.shared_storage` (a relative folder is taken against the repo);
+        None when unset: each job's files stay in its local folders."""
+        from common.storage import Storage
+
+        where = self.platform.shared_storage
+        if where is None:
+            return None
+        if "://" not in where:
+            return Storage.local((self.repo_path / where).resolve(), self.platform.s3)
+        return Storage(where, self.platform.s3)
 
     @property
     def redis_host_port(self) -> tuple[str, int]:

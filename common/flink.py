@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from common.errors import FeaturectlError
 from common.flink_rest import FlinkRest
+
+if TYPE_CHECKING:
+    from common.storage import Storage
 
 
 class FlinkSetupError(FeaturectlError, RuntimeError):
@@ -33,11 +36,14 @@ def flink_jars() -> list[Path]:
 
 
 def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = None,
-                     jobmanager: Optional[str] = None, parallelism: int = 1):
+                     jobmanager: Optional[str] = None, parallelism: int = 1, storage: Optional["Storage"] = None):
     """A TableEnvironment in UTC with our jars; `jobmanager`, a JobManager's REST address (host:port), targets a
-    real cluster, checked first: the jars go with each job, so the cluster needs none of its own."""
+    real cluster, checked first: the jars go with each job, so the cluster needs none of its own. `storage`:
+    the shared storage its jobs write to, whose filesystem the local JVM may need (`common.storage`)."""
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
+    if storage is not None:
+        _prepare_gateway(storage)
     rest = None
     if jobmanager:  # before PyFlink's JVM starts: a wrong address fails in seconds, not after minutes of retries
         rest = FlinkRest(jobmanager)
@@ -57,3 +63,18 @@ def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = Non
     for key, value in (options or {}).items():
         conf.set(key, value)
     return env
+
+
+def _prepare_gateway(storage: "Storage") -> None:
+    """Put what the storage's filesystem needs into the environment PyFlink's gateway JVM starts with; a JVM
+    this process already started without it cannot take it any more."""
+    import pyflink.java_gateway
+
+    wanted = storage.jvm_environment(jar_dir("flink-fs"))
+    if not wanted:
+        return
+    if pyflink.java_gateway._gateway is None:
+        os.environ.update(wanted)
+    elif os.environ.get("HADOOP_CLASSPATH") != wanted["HADOOP_CLASSPATH"]:
+        raise FlinkSetupError(f"this process started Flink before it needed shared storage {storage.uri}; run the "
+                              "command in a process of its own (each featurectl command is)")

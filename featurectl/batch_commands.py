@@ -55,7 +55,8 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
     jobmanager = check_jobmanager(jobmanager or cfg.platform.flink.jobmanager)
     repo = load_repo(cfg.repo_path)
     views = [repo.view(name) for name in view_names] or [v for v in repo.views if v.offline]
-    target = BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers)
+    target = BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers,
+                            cfg.shared_storage)
     progress = TqdmProgress()
     try:
         summary = run_backfill(views, start, end, target, parallelism=parallelism or cfg.platform.flink.parallelism,

@@ -162,7 +162,10 @@ def _remove_streams(cfg: ProjectConfig, jobs: list[tuple[Path, dict]]) -> None:
         except Exception as exc:  # noqa: BLE001 - Kafka away: the rest of the teardown still runs
             click.echo(f"could not remove the streams' Kafka topics ({exc}): {', '.join(topics)}; start Kafka "
                        "(`featurectl services up`) and delete them with kafka-topics.sh", err=True)
+    shared = cfg.shared_storage
     for home, _ in jobs:
+        if shared is not None:
+            shared.child("streams", home.name).delete()
         shutil.rmtree(home, ignore_errors=True)
     if jobs:
         click.echo(f"removed {len(jobs)} stream job folder(s) (checkpoints, exported tiles)")

@@ -165,13 +165,14 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
                               replication_factor=kafka.replication_factor, **overrides)
     sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
     target = Target(cfg.project, RedisSettings.from_config(cfg), sources, cfg.state_dir,
-                    check_jobmanager(jobmanager or cfg.platform.flink.jobmanager), cfg.key_ttl_seconds)
+                    check_jobmanager(jobmanager or cfg.platform.flink.jobmanager), cfg.key_ttl_seconds,
+                    cfg.shared_storage)
     views, all_views = _views(cfg, names)
     stop = threading.Event()
     _stop_on_signals(stop)
     try:
         history = ParquetHistory(cfg.data_dir, cfg.registry_url, cfg.project, jobmanager=target.jobmanager,
-                                 parallelism=settings.parallelism)
+                                 parallelism=settings.parallelism, storage=target.storage)
         runner = StreamRunner(target, views, all_views, settings, history, reset)
         redis_at = ",".join(f"{host}:{port}" for host, port in target.redis.nodes)
         click.echo(f"stream {runner.plan.name}: {', '.join(v.view.name for v in runner.plan.views)} -> Redis "

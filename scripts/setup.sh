@@ -91,6 +91,8 @@ fetch_jars() {
 }
 fetch_jars kafka
 fetch_jars flink
+fetch_jars flink-fs
+fetch_jars s3proxy
 
 # --- our UDF jar ---------------------------------------------------------------------------------------------
 if [[ -x "$root/scripts/build_udf.sh" ]]; then

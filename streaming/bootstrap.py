@@ -2,23 +2,22 @@
 
 A stream's first start, a start after its state is gone (no checkpoint) and `featurectl stream --reset` begin a
 new *generation*: the cutover of each source with history is fixed then (`History.cutovers`), the batch side's
-tiles of the events before it are exported once (`History.export`, into `<home>/history/<fingerprint>/`), and
-the job's SQL, with the cutovers and the generation in its fingerprint, gets fresh topics, consumer group and
-checkpoints. `<home>/generation.json` records it; a restart with a checkpoint of that fingerprint resumes it,
-with the same cutovers and history tiles, so nothing is counted twice however often it restarts.
+tiles of the events before it are exported once (`History.export`, into `<shared>/history/<fingerprint>/`, where
+`shared` is the stream's folder of shared storage, else its home), and the job's SQL, with the cutovers and the
+generation in its fingerprint, gets fresh topics, consumer group and checkpoints. `<home>/generation.json` records
+it; a restart with a checkpoint of that fingerprint resumes it, with the same cutovers and history tiles, so
+nothing is counted twice however often it restarts.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Protocol, Sequence
 
-import pyarrow.dataset as ds
-
+from common.storage import Storage
 from dsl.compile_flink import TILE_START, CompiledView
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
@@ -33,7 +32,7 @@ class History(Protocol):
         """Per source with history: where its Kafka events start to count."""
 
     def export(self, views: Sequence[tuple[FeatureView, CompiledView]], cutovers: Mapping[str, int],
-               folder: Path) -> dict[str, Path]:
+               folder: Storage) -> dict[str, Storage]:
         """Each view's tiles of the events before its source's cutover, as Parquet under `folder/<view>/`."""
 
 
@@ -61,28 +60,24 @@ class Generation:
             return None
 
 
-def history_folder(home: Path, fingerprint: str) -> Path:
-    return home / "history" / fingerprint
+def history_folder(shared: Storage, fingerprint: str) -> Storage:
+    return shared.child("history", fingerprint)
 
 
-def prune_history(home: Path, keep: str) -> None:
+def prune_history(shared: Storage, keep: str) -> None:
     """History tiles of other generations are never read again."""
-    root = home / "history"
-    if root.is_dir():
-        for folder in root.iterdir():
-            if folder.name != keep:
-                shutil.rmtree(folder, ignore_errors=True)
+    for name in {path.split("/", 1)[0] for path in shared.child("history").files() if "/" in path}:
+        if name != keep:
+            shared.child("history", name).delete()
 
 
-def read_tiles(folder: Path, compiled: CompiledView) -> Iterator[tuple[tuple, int, tuple]]:
+def read_tiles(folder: Storage, compiled: CompiledView) -> Iterator[tuple[tuple, int, tuple]]:
     """(entity key, tile start, tile column values) of every history tile of one view (none when the folder has
     no files: a view with no event before the cutover)."""
-    if not folder.is_dir():
+    dataset = folder.dataset()  # Flink's part files (names without a suffix)
+    if dataset is None:
         return
     names = [c.name for c in compiled.tile_columns]
-    dataset = ds.dataset(folder, format="parquet")  # Flink's part files (names without a suffix)
-    if not dataset.files:
-        return
     table = dataset.to_table(columns=[*compiled.key_columns, TILE_START, *names])
     for batch in table.to_batches(max_chunksize=100_000):
         columns = [column.to_pylist() for column in batch.columns]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Optional
 
 from common.errors import FeaturectlError
+from common.storage import Storage
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
 
@@ -38,8 +38,8 @@ def title_prefix(plan: JobPlan) -> str:
     return f"featurectl stream {plan.name} @"
 
 
-def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
-                  restore: Optional[Path]) -> dict[str, str]:
+def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Storage,
+                  restore: Optional[Storage]) -> dict[str, str]:
     options = {
         "pipeline.name": job_title(plan),
         "pipeline.object-reuse": "true",  # chained operators hand records on without copying them
@@ -49,24 +49,29 @@ def flink_options(plan: JobPlan, settings: StreamSettings, checkpoints: Path,
         "table.exec.mini-batch.size": str(settings.mini_batch_size),
         "state.backend.type": "hashmap",
         "execution.checkpointing.interval": f"{int(settings.checkpoint_interval_s * 1000)} ms",
-        "execution.checkpointing.dir": checkpoints.resolve().as_uri(),
+        "execution.checkpointing.dir": checkpoints.uri,
         "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
         "execution.checkpointing.num-retained": str(settings.checkpoints_retained),
     }
-    if restore is not None:
-        options["execution.state-recovery.path"] = str(restore)
+    if restore is not None:  # the metadata file, not its folder: object stores may answer for a folder as a file
+        options["execution.state-recovery.path"] = restore.child("_metadata").uri
     return options
 
 
-def savepoints(checkpoints: Path) -> Path:
-    return checkpoints / "savepoints"
+def savepoints(checkpoints: Storage) -> Storage:
+    return checkpoints.child("savepoints")
 
 
-def completed_checkpoints(checkpoints: Path) -> list[Path]:
-    """Every complete checkpoint (a `chk-N` folder with its `_metadata`) and savepoint, oldest first."""
-    found = [p.parent for p in checkpoints.glob("*/chk-*/_metadata")]
-    found += [p.parent for p in savepoints(checkpoints).glob("savepoint-*/_metadata")]
-    return sorted(found, key=lambda p: ((p / "_metadata").stat().st_mtime_ns, _number(p.name)))
+def completed_checkpoints(checkpoints: Storage) -> list[Storage]:
+    """Every complete checkpoint (a `<job>/chk-N` folder with its `_metadata`) and savepoint
+    (`savepoints/savepoint-*`), oldest first."""
+    found = []
+    for path in checkpoints.files():
+        parts = path.split("/")
+        if len(parts) == 3 and parts[2] == "_metadata" and (
+                parts[1].startswith("chk-") or parts[0] == "savepoints" and parts[1].startswith("savepoint-")):
+            found.append((checkpoints.mtime_ns(path), _number(parts[1]), checkpoints.child(parts[0], parts[1])))
+    return [folder for _, _, folder in sorted(found, key=lambda f: f[:2])]
 
 
 def _number(name: str) -> int:
@@ -75,19 +80,19 @@ def _number(name: str) -> int:
     return int(tail) if name.startswith("chk-") and tail.isdigit() else 0
 
 
-def latest_checkpoint(checkpoints: Path) -> Optional[Path]:
+def latest_checkpoint(checkpoints: Storage) -> Optional[Storage]:
     done = completed_checkpoints(checkpoints)
     return done[-1] if done else None
 
 
-def prune_checkpoints(checkpoints: Path, job_id: str) -> None:
+def prune_checkpoints(checkpoints: Storage, job_id: str) -> None:
     """Once the running job has a checkpoint of its own, the folders of earlier runs are not needed (hashmap
     state: every checkpoint stands alone)."""
-    if not any((checkpoints / job_id).glob("chk-*/_metadata")):
+    files = checkpoints.files()
+    if not any(p.startswith(f"{job_id}/chk-") and p.endswith("/_metadata") for p in files):
         return
-    for folder in checkpoints.iterdir():
-        if folder.is_dir() and folder.name != job_id:
-            shutil.rmtree(folder, ignore_errors=True)
+    for folder in sorted({p.split("/", 1)[0] for p in files if "/" in p} - {job_id}):
+        checkpoints.child(folder).delete()
 
 
 class FlinkJob:
@@ -100,12 +105,13 @@ class FlinkJob:
 
     @classmethod
     def start(cls, plan: JobPlan, options: dict[str, str], log_dir: Path, jobmanager: Optional[str] = None,
-              parallelism: int = 1) -> "FlinkJob":
+              parallelism: int = 1, storage: Optional[Storage] = None) -> "FlinkJob":
         from common.flink import create_table_env
 
         log_dir.mkdir(parents=True, exist_ok=True)
         os.environ["FLINK_LOG_DIR"] = str(log_dir)  # read when PyFlink launches its JVM
-        env = create_table_env(streaming=True, options=options, jobmanager=jobmanager, parallelism=parallelism)
+        env = create_table_env(streaming=True, options=options, jobmanager=jobmanager, parallelism=parallelism,
+                               storage=storage)
         for statement in plan.ddl():
             env.execute_sql(statement)
         statements = env.create_statement_set()

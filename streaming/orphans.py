@@ -13,16 +13,15 @@ SQL (an older definition or generation) is cancelled: nothing can restore its st
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-
 from common.flink_rest import ENDED, FlinkRest, FlinkRestError
+from common.storage import Storage
 from streaming.flink_job import job_title, savepoints, title_prefix
 from streaming.job_sql import JobPlan
 
 log = logging.getLogger(__name__)
 
 
-def stop_orphans(jobmanager: str, plan: JobPlan, checkpoints: Path) -> list[str]:
+def stop_orphans(jobmanager: str, plan: JobPlan, checkpoints: Storage) -> list[str]:
     """Stop every job of this stream still running on the cluster; returns their job ids."""
     rest = FlinkRest(jobmanager)
     rest.check()
@@ -35,7 +34,7 @@ def stop_orphans(jobmanager: str, plan: JobPlan, checkpoints: Path) -> list[str]
             log.warning("flink job %s (%s) of this stream is still running on %s, its client gone: stopping it "
                         "with a savepoint to resume from", job_id, job["name"], jobmanager)
             try:
-                location = rest.stop_with_savepoint(job_id, savepoints(checkpoints).resolve().as_uri())
+                location = rest.stop_with_savepoint(job_id, savepoints(checkpoints).uri)
                 log.info("flink job %s stopped with savepoint %s", job_id, location)
                 stopped.append(job_id)
                 continue

@@ -13,7 +13,6 @@ import dataclasses
 import fcntl
 import logging
 import os
-import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from confluent_kafka import KafkaException
 
 from common.errors import FeaturectlError
 from common.instants import from_epoch_ms
+from common.storage import Storage
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_stream_source import MAX_AHEAD_MS
 from dsl.feature_view import FeatureView
@@ -55,7 +55,9 @@ class StreamError(FeaturectlError, RuntimeError):
 @dataclass(frozen=True)
 class Target:
     """Where a stream runs: the project, its Redis, its Kafka, the state folder, and optionally a Flink cluster
-    (`jobmanager`: its REST address); `key_ttl_s` is Feast's `online_store.key_ttl_seconds` (0: keys never expire)."""
+    (`jobmanager`: its REST address); `key_ttl_s` is Feast's `online_store.key_ttl_seconds` (0: keys never expire);
+    `storage`: where the Flink job's checkpoints and the history tiles go (`common.storage`):
+    `<storage>/streams/<job>/`, else the stream's folder under `state_dir`."""
 
     project: str
     redis: RedisSettings
@@ -63,6 +65,7 @@ class Target:
     state_dir: Path
     jobmanager: Optional[str] = None
     key_ttl_s: int = 0
+    storage: Optional[Storage] = None  # shared storage for checkpoints and history tiles; None: the state folder
 
 
 def start_ms(target: Target, views: Sequence[FeatureView], generation: Generation) -> int:
@@ -142,6 +145,8 @@ class StreamRunner:
         self.settings = settings
         self.history = history
         self.home = stream_root(target.state_dir) / job_name(target.project, views)
+        self.shared = (target.storage.child("streams", self.home.name) if target.storage is not None
+                       else Storage.local(self.home))
         self.generation, self.plan = self._resume(views, all_views, reset)
         self.fresh = self.plan is None
         if self.fresh:
@@ -150,7 +155,7 @@ class StreamRunner:
             generation = Generation(now, history.cutovers(sources, now) if history is not None else {})
             self.plan = plan_for(target, views, all_views, settings, generation)
             self.generation = dataclasses.replace(generation, fingerprint=self.plan.fingerprint)
-        self.checkpoints = self.home / "checkpoints" / self.plan.fingerprint
+        self.checkpoints = self.shared.child("checkpoints", self.plan.fingerprint)
         self.metrics = StreamMetrics([v.view.name for v in self.plan.views],
                                      {v.view.name: v.view.source.name for v in self.plan.views})
         self.started = time.time()
@@ -170,13 +175,14 @@ class StreamRunner:
         if saved is None:
             return None, None
         plan = plan_for(self.target, views, all_views, self.settings, saved)
-        if plan.fingerprint != saved.fingerprint or not latest_checkpoint(self.home / "checkpoints" / plan.fingerprint):
+        if plan.fingerprint != saved.fingerprint or not latest_checkpoint(
+                self.shared.child("checkpoints", plan.fingerprint)):
             return None, None
         return saved, plan
 
     def run(self, stop: threading.Event) -> None:
         with job_lock(self.home):
-            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            self.checkpoints.make()
             self._write_status()
             try:
                 self._start()
@@ -197,9 +203,9 @@ class StreamRunner:
         require_partitioner()
         ensure_topics(self.plan, self.settings)
         self.source_lag = SourceLag(self.plan)
-        history = history_folder(self.home, self.plan.fingerprint)
+        history = history_folder(self.shared, self.plan.fingerprint)
         exported_s = None
-        if self.fresh or (self.plan.cutovers and not history.is_dir()):
+        if self.fresh or (self.plan.cutovers and not history.exists()):
             exported_s = self._start_generation(history)
         spec = WriterSpec(self.plan, self.settings, self.target.redis, self.target.project, self.target.key_ttl_s,
                           history)
@@ -212,13 +218,13 @@ class StreamRunner:
             log.info("resuming from checkpoint %s", self.restored_from)
         options = flink_options(self.plan, self.settings, self.checkpoints, self.restored_from)
         self.job = FlinkJob.start(self.plan, options, self.home / "flink-log", self.target.jobmanager,
-                                  self.settings.parallelism)
+                                  self.settings.parallelism, self.target.storage)
         self.state = "running"
 
-    def _start_generation(self, history: Path) -> Optional[float]:
+    def _start_generation(self, history: Storage) -> Optional[float]:
         """Export the history tiles of a new generation (when its sources have history), then record it; returns
         how long the export took."""
-        shutil.rmtree(history, ignore_errors=True)
+        history.delete()
         seconds = None
         if self.plan.cutovers:
             if self.history is None:
@@ -231,7 +237,7 @@ class StreamRunner:
             seconds = round(time.monotonic() - began, 2)
             log.info("exported the history tiles before the cutovers in %.1f s", seconds)
         self.generation.save(self.home)
-        prune_history(self.home, self.plan.fingerprint)
+        prune_history(self.shared, self.plan.fingerprint)
         return seconds
 
     def _loop(self, stop: threading.Event) -> None:
@@ -293,7 +299,7 @@ class StreamRunner:
         latest = latest_checkpoint(self.checkpoints)
         if latest is None:
             return None
-        return {"path": str(latest), "at": _iso((latest / "_metadata").stat().st_mtime * 1000)}
+        return {"path": latest.display, "at": _iso(latest.mtime_ns("_metadata") / 1e6)}
 
     def _write_status(self) -> None:
         lag = self._lag()

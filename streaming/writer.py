@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from common.storage import Storage
 from streaming.bootstrap import read_tiles
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
@@ -104,7 +104,7 @@ class WindowWriter:
         """`topic[partition]` of every tile partition this writer reads."""
         return [f"{tp.topic}[{tp.partition}]" for tp in self.tiles.assignment()]
 
-    def load_history(self, folder: Path) -> dict:
+    def load_history(self, folder: Storage) -> dict:
         """Seed every view's windows with its history tiles (`<folder>/<view>/`, tiles before its source's
         cutover); returns what was loaded and how long it took."""
         began = time.monotonic()
@@ -114,7 +114,7 @@ class WindowWriter:
             if cutover is None:
                 continue
             owns = self._owns(topic)
-            rows = [row for row in read_tiles(folder / view.compiled.view, view.compiled) if owns(row[0])]
+            rows = [row for row in read_tiles(folder.child(view.compiled.view), view.compiled) if owns(row[0])]
             loaded[view.layout.name] = {"tiles": len(rows), "entities": view.state.load_history(rows, cutover)}
         seconds = time.monotonic() - began
         if loaded:

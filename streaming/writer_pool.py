@@ -18,10 +18,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from pathlib import Path
 from typing import Any, Optional
 
 from common.errors import FeaturectlError
+from common.storage import Storage
 from redis_store.settings import RedisSettings
 from streaming.config import StreamSettings
 from streaming.job_sql import JobPlan
@@ -51,7 +51,7 @@ class WriterSpec:
     redis: RedisSettings
     project: str
     key_ttl_s: int
-    history: Path
+    history: Storage
 
 
 def writer_main(spec: WriterSpec, index: int, count: int, heads: Any, conn: Any) -> None:

@@ -1,5 +1,5 @@
 """`featurectl services up|down|status`: the local Redis, Kafka and PostgreSQL of the one-machine setup, and on
-request (`up --flink N`) a Flink session cluster.
+request a Flink session cluster (`up --flink N`) and an S3 server for shared storage (`up --s3`).
 
 Each service lives in its own module; all bind 127.0.0.1 on the ports feature_store.yaml names and keep pid
 files, logs and data under `platform.state_dir/<service>/`.
@@ -17,8 +17,10 @@ from featurectl.services.kafka_broker import KafkaBroker
 from featurectl.services.postgres_server import PostgresServer
 from featurectl.services.process import LocalService, LocalServiceError
 from featurectl.services.redis_server import RedisServer
+from featurectl.services.s3_server import S3Server
 
-SERVICES: dict[str, type[LocalService]] = {"redis": RedisServer, "kafka": KafkaBroker, "postgres": PostgresServer}
+SERVICES: dict[str, type[LocalService]] = {"redis": RedisServer, "kafka": KafkaBroker, "postgres": PostgresServer,
+                                           "s3": S3Server}
 
 
 def all_services(cfg: ProjectConfig) -> list[LocalService]:
@@ -26,17 +28,25 @@ def all_services(cfg: ProjectConfig) -> list[LocalService]:
     return [*(cls(cfg) for cls in SERVICES.values()), *flink_services(cfg)]
 
 
+def uses_local_s3(cfg: ProjectConfig) -> bool:
+    """Whether the shared storage is on the S3 server `up --s3` starts."""
+    storage = cfg.shared_storage
+    return (storage is not None and storage.scheme in ("s3", "s3a")
+            and cfg.platform.s3.endpoint == f"http://127.0.0.1:{cfg.platform.s3.local_port}")
+
+
 def wanted_services(cfg: ProjectConfig, only: Optional[str], postgres: Optional[bool],
-                    flink: int = 0) -> list[LocalService]:
+                    flink: int = 0, s3: Optional[bool] = None) -> list[LocalService]:
     """`--only` wins (`--only flink`: the cluster alone, with `--flink N` TaskManagers, 1 by default); otherwise
-    Redis and Kafka, plus PostgreSQL when the flag or the config asks for it, plus the Flink cluster with `flink`
-    TaskManagers when above 0."""
+    Redis and Kafka, plus PostgreSQL when the flag or the config asks for it, plus the S3 server when the flag
+    asks or the shared storage is on it, plus the Flink cluster with `flink` TaskManagers when above 0."""
     if only == "flink":
         return flink_services(cfg, flink or 1)
     if only:
         return [SERVICES[only](cfg)]
-    with_postgres = cfg.platform.postgres.enabled if postgres is None else postgres
-    wanted = [cls(cfg) for name, cls in SERVICES.items() if with_postgres or name != "postgres"]
+    optional = {"postgres": cfg.platform.postgres.enabled if postgres is None else postgres,
+                "s3": uses_local_s3(cfg) if s3 is None else s3}
+    wanted = [cls(cfg) for name, cls in SERVICES.items() if optional.get(name, True)]
     return wanted + (flink_services(cfg, flink) if flink else [])
 
 
@@ -50,12 +60,15 @@ def services() -> None:
               help="also start PostgreSQL (default: platform.postgres.enabled in feature_store.yaml)")
 @click.option("--flink", type=click.IntRange(min=0), default=0, metavar="N",
               help="also start a Flink session cluster: a JobManager and N TaskManagers (platform.flink.local)")
+@click.option("--s3/--no-s3", default=None,
+              help="also start the local S3 server (S3Proxy) on platform.s3.local_port (default: when "
+                   "platform.shared_storage is an s3:// URI and platform.s3.endpoint is that server)")
 @click.option("--only", type=click.Choice([*SERVICES, "flink"]), default=None, help="start this one service only")
 @click.pass_obj
-def up(obj, postgres: Optional[bool], flink: int, only: Optional[str]) -> None:
+def up(obj, postgres: Optional[bool], flink: int, s3: Optional[bool], only: Optional[str]) -> None:
     """Start the services that are not running and wait until each answers; running ones are left alone."""
     cfg = obj.config()
-    wanted = wanted_services(cfg, only, postgres, flink)
+    wanted = wanted_services(cfg, only, postgres, flink, s3)
     for svc in wanted:
         click.echo(svc.up())
     if any(svc.name == JOBMANAGER for svc in wanted):

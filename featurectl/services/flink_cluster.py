@@ -17,7 +17,9 @@ from typing import Any, Optional
 import yaml
 
 from common.config import ProjectConfig
+from common.flink import jar_dir
 from common.flink_rest import FlinkRest, FlinkRestError
+from common.storage import S3_JAR_GLOB, s3_flink_options
 from featurectl.services.process import HOST, LocalService, LocalServiceError, spawn
 
 JOBMANAGER = "flink-jobmanager"
@@ -92,8 +94,28 @@ class FlinkProcess(LocalService):
             "taskmanager.numberOfTaskSlots": local.slots,
             "web.tmpdir": str(self.dir / "tmp" / "web"),
         }
+        if self._s3_storage():
+            ours.update(s3_flink_options(self.cfg.platform.s3))
         with (flink_home() / "conf" / "config.yaml").open() as fh:
             return {**flatten(yaml.safe_load(fh) or {}), **ours}
+
+    def _s3_storage(self) -> bool:
+        storage = self.cfg.shared_storage
+        return storage is not None and storage.scheme in ("s3", "s3a")
+
+    def _plugins(self) -> Path:
+        """The distribution's plugins, plus Flink's S3 filesystem when the shared storage is on S3."""
+        folder = self.dir / "plugins"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(flink_home() / "plugins", folder, symlinks=True)
+        if self._s3_storage():
+            jars = sorted(jar_dir("flink-fs").glob(S3_JAR_GLOB))
+            if not jars:
+                raise LocalServiceError(f"shared storage is on S3 but {S3_JAR_GLOB} is not in {jar_dir('flink-fs')}: "
+                                        "run scripts/setup.sh")
+            (folder / "s3-fs-hadoop").mkdir()
+            (folder / "s3-fs-hadoop" / jars[-1].name).symlink_to(jars[-1])
+        return folder
 
     def start(self) -> subprocess.Popen:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +123,7 @@ class FlinkProcess(LocalService):
         (self.conf_dir / "config.yaml").write_text(yaml.safe_dump(self.settings(), sort_keys=True))
         (self.conf_dir / "log4j-console.properties").write_text(LOG4J)
         env = {**os.environ, "FLINK_CONF_DIR": str(self.conf_dir), "FLINK_LOG_DIR": str(self.dir),
-               "FLINK_PID_DIR": str(self.dir)}
+               "FLINK_PID_DIR": str(self.dir), "FLINK_PLUGINS_DIR": str(self._plugins())}
         argv = ["bash", str(flink_home() / "bin" / self.script), "start-foreground",
                 "-D", self.marker, *self.arguments()]
         return spawn(argv, self.log_file, self.pid_file, env=env)

@@ -21,6 +21,7 @@ from batch.backfill import BackfillTarget, backfill
 from cli_helpers import ROOT, featurectl, free_port
 from common.config import ProjectConfig, load_config
 from common.flink_rest import ENDED, FlinkRest
+from common.storage import Storage
 from dsl import load_repo
 from fault_env import sibling
 from featurectl.services.flink_cluster import FlinkJobManager, FlinkTaskManager
@@ -33,7 +34,7 @@ exactness = sibling("test_stream_exactness", "streaming")
 history = sibling("backfill_history", "batch")
 backfill_rows = sibling("test_backfill", "batch")
 StreamProcess, StreamRepo = stream_env.StreamProcess, stream_env.StreamRepo
-HOUR, MINUTE, T0 = exactness.HOUR, exactness.MINUTE, exactness.T0
+MINUTE, T0 = exactness.MINUTE, exactness.T0
 
 pytestmark = pytest.mark.integration
 
@@ -136,14 +137,7 @@ def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_kille
     repo = session_repo(cluster, tmp_path, "stream_session", parallelism=2)
     view = repo.views()[0]
     rng, log = random.Random(20), stream_env.EventLog()
-    parts = []
-    for i in range(3):
-        sent = len(log.payloads)
-        for event in exactness.interactions(rng, 1_500, T0 + i * 40 * MINUTE, T0 + (i + 1) * 40 * MINUTE, part=20 + i):
-            log.event(event)
-            if rng.random() < 0.01:
-                log.event({**event, "event_time": event["event_time"] - HOUR})  # late: a dead letter
-        parts.append(log.payloads[sent:])
+    parts = exactness.interaction_parts(log, rng, 3, 1_500, 40 * MINUTE, 20, late_share=0.01)
     on_time_after = [len([e for e in log.on_time if e["event_time"] < T0 + (i + 1) * 40 * MINUTE]) for i in range(3)]
     stream = StreamProcess(repo, tmp_path / "stream-1.log")
     try:
@@ -223,7 +217,7 @@ def test_an_orphan_whose_savepoint_fails_is_cancelled_and_its_checkpoint_restore
         orphan = first["flink_job_id"]
         assert cluster.rest.state(orphan) == "RUNNING"
         home = read_statuses(repo.folder / "state")[0][0]
-        blocker = savepoints(home / "checkpoints" / first["fingerprint"])
+        blocker = Path(savepoints(Storage.local(home).child("checkpoints", first["fingerprint"])).display)
         shutil.rmtree(blocker, ignore_errors=True)
         blocker.write_text("a file where Flink would make the savepoint folder")
         stream = StreamProcess(repo, tmp_path / "stream-2.log")

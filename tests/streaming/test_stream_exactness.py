@@ -46,6 +46,21 @@ def interactions(rng: random.Random, n: int, start: int, end: int, part: int) ->
     return out
 
 
+def interaction_parts(log: EventLog, rng: random.Random, parts: int, per_part: int, span_ms: int, first_part: int,
+                      late_share: float = 0.0) -> list[list]:
+    """`parts` spans of `span_ms` one after the other from T0, `per_part` events each, into `log`, with about
+    `late_share` of them repeated an hour late (dead letters); returns each part's payloads."""
+    out = []
+    for i in range(parts):
+        sent = len(log.payloads)
+        for event in interactions(rng, per_part, T0 + i * span_ms, T0 + (i + 1) * span_ms, part=first_part + i):
+            log.event(event)
+            if late_share and rng.random() < late_share:
+                log.event({**event, "event_time": event["event_time"] - HOUR})
+        out.append(log.payloads[sent:])
+    return out
+
+
 def phase_a(log: EventLog, rng: random.Random) -> None:
     """90 minutes of ordinary traffic."""
     for event in interactions(rng, 3_000, T0, T0 + 90 * MINUTE, part=1):

@@ -1,0 +1,192 @@
+"""Shared storage: the folder tree through which Flink jobs and featurectl exchange files.
+
+A stream's checkpoints and savepoints, and the tiles a backfill or a stream's start exports, are written by
+Flink's TaskManagers (and, on a restore, read by its JobManager) and listed, read and deleted by featurectl. On
+one machine a local folder does; when TaskManagers run on other hosts it must be storage all of them reach. A
+`Storage` names a folder in either, once: as the URI Flink opens (`file:///...`, `s3://bucket/prefix`,
+`hdfs://...`) and as a pyarrow filesystem for featurectl's own reads, listings and deletes.
+
+`s3://` needs Flink's S3 filesystem (`flink-s3-fs-hadoop`, fetched by `scripts/setup.sh` into the `flink-fs`
+jar folder) in the JVM that runs the job: for PyFlink's local mini-cluster, `jvm_environment` puts it on the
+gateway's class path with a Hadoop `core-site.xml` naming the endpoint; a standalone cluster loads it as a
+plugin (`featurectl services up --flink N` does that for its own cluster; see the README for others).
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlparse
+from xml.sax.saxutils import escape
+
+from common.config import S3Settings
+from common.errors import FeaturectlError
+
+S3_JAR_GLOB = "flink-s3-fs-hadoop-*.jar"
+
+
+class StorageError(FeaturectlError):
+    """Shared storage cannot be reached or used as configured; the message names the piece and the fix."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A folder of shared storage. `uri`: what Flink is given; `s3`: the endpoint an `s3://` URI goes to."""
+
+    uri: str
+    s3: Optional[S3Settings] = None
+
+    @classmethod
+    def local(cls, folder: Path, s3: Optional[S3Settings] = None) -> "Storage":
+        return cls(folder.resolve().as_uri(), s3)
+
+    @property
+    def scheme(self) -> str:
+        return urlparse(self.uri).scheme
+
+    def child(self, *parts: str) -> "Storage":
+        return Storage("/".join([self.uri.rstrip("/"), *parts]), self.s3)
+
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def display(self) -> str:
+        """The folder as people write it: a local path, else the URI."""
+        parsed = urlparse(self.uri)
+        return parsed.path if parsed.scheme == "file" else self.uri
+
+    def __str__(self) -> str:
+        return self.display
+
+    def _filesystem(self):
+        """(pyarrow filesystem, path in it) of this folder."""
+        from pyarrow import fs
+
+        parsed = urlparse(self.uri)
+        if parsed.scheme == "file":
+            return fs.LocalFileSystem(), parsed.path
+        if parsed.scheme in ("s3", "s3a"):
+            s3 = self.s3 or S3Settings()
+            options: dict = {"region": s3.region}
+            if s3.endpoint:
+                endpoint = urlparse(s3.endpoint)
+                options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme or "https")
+            return fs.S3FileSystem(**options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+        try:
+            return fs.FileSystem.from_uri(self.uri)
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"shared storage {self.uri}: pyarrow cannot open it ({exc}); use a folder, file://, "
+                               "s3:// or hdfs:// (with Hadoop's client libraries installed)") from None
+
+    def _call(self, what: str, call):
+        try:
+            return call(*self._filesystem())
+        except OSError as exc:
+            raise StorageError(f"shared storage {self.uri}: {what} failed: {exc}") from None
+
+    def files(self) -> list[str]:
+        """Every file under this folder (paths relative to it), none when it does not exist."""
+        from pyarrow import fs
+
+        def listing(filesystem, path):
+            found = filesystem.get_file_info(fs.FileSelector(path, recursive=True, allow_not_found=True))
+            names = {info.path[len(path):].lstrip("/"): info.type for info in found}
+            folders = {name[:i] for name in names for i, c in enumerate(name) if c == "/"}
+            # some S3 servers list a folder as an object too: a "file" with files under it is a folder
+            return sorted(name for name, kind in names.items() if kind == fs.FileType.File and name not in folders)
+
+        return self._call("listing", listing)
+
+    def mtime_ns(self, relative: str) -> int:
+        def stat(filesystem, path):
+            return filesystem.get_file_info(f"{path}/{relative}").mtime_ns or 0
+
+        return self._call("reading a file's time", stat)
+
+    def exists(self) -> bool:
+        """Whether the folder holds any file (object stores have no empty folders)."""
+        return bool(self.files())
+
+    def make(self) -> None:
+        """Make a local folder; object stores have no folders to make (a marker object could even read as a
+        file to Flink's S3 filesystem)."""
+        if self.scheme == "file":
+            Path(self.display).mkdir(parents=True, exist_ok=True)
+
+    def delete(self) -> None:
+        """Remove every file under the folder, one request each (nothing there is fine). Not a bulk delete:
+        S3-compatible servers answer S3's multi-object delete slowly or not at all, and the folders written here
+        hold a few files each; an object store's folders go with their last file."""
+        files = self.files()
+
+        def remove(filesystem, path):
+            for relative in files:
+                try:
+                    filesystem.delete_file(f"{path}/{relative}")
+                except FileNotFoundError:  # gone already, or a server's stand-in for an empty folder
+                    pass
+            if self.scheme == "file":
+                filesystem.delete_dir(path)
+
+        if files or self.scheme == "file" and Path(self.display).exists():
+            self._call("deleting", remove)
+
+    def dataset(self):
+        """The Parquet files under the folder as one pyarrow dataset (Flink's part files have no suffix; names
+        starting with `.` or `_`, Flink's in-progress files, are skipped); None when there are none."""
+        import pyarrow.dataset as ds
+
+        if not self.files():
+            return None
+        return self._call("reading", lambda filesystem, path: ds.dataset(path, filesystem=filesystem,
+                                                                         format="parquet"))
+
+    def jvm_environment(self, jars: Path) -> dict[str, str]:
+        """Environment the PyFlink gateway JVM needs to open this storage: nothing for a local folder; for S3,
+        Flink's S3 filesystem on the class path and a Hadoop configuration naming the endpoint (credentials
+        stay in the environment, where the JVM's default AWS credential chain reads them)."""
+        if self.scheme not in ("s3", "s3a"):
+            return {}
+        found = sorted(jars.glob(S3_JAR_GLOB))
+        if not found:
+            raise StorageError(f"shared storage {self.uri} needs Flink's S3 filesystem, {S3_JAR_GLOB}, in {jars}: "
+                               "run scripts/setup.sh")
+        return {"HADOOP_CLASSPATH": str(found[-1]), "HADOOP_CONF_DIR": str(_hadoop_conf(self.s3 or S3Settings()))}
+
+
+def s3_flink_options(s3: S3Settings) -> dict[str, str]:
+    """Flink configuration keys of the S3 filesystem plugin (a standalone cluster's config)."""
+    options = {"s3.path.style.access": str(s3.path_style_access).lower(),
+               # no deletes of parent "directory" objects after each write and rename (AWS no longer needs them),
+               # and single deletes: S3-compatible servers answer the multi-object delete slowly or not at all
+               "s3.directory.marker.retention": "keep",
+               "s3.multiobjectdelete.enable": "false"}
+    if s3.endpoint:
+        options["s3.endpoint"] = s3.endpoint
+        options["s3.connection.ssl.enabled"] = str(s3.endpoint.startswith("https")).lower()
+    return options
+
+
+_HADOOP_CONFS: dict[str, Path] = {}
+
+
+def _hadoop_conf(s3: S3Settings) -> Path:
+    """A folder holding the `core-site.xml` of these settings, for the life of this process."""
+    key = s3.model_dump_json()
+    if key in _HADOOP_CONFS:
+        return _HADOOP_CONFS[key]
+    properties = {f"fs.s3a.{key[3:]}": value for key, value in s3_flink_options(s3).items()}
+    properties["fs.s3a.endpoint.region"] = s3.region
+    folder = Path(tempfile.mkdtemp(prefix="featurectl-hadoop-conf-"))
+    atexit.register(shutil.rmtree, folder, True)
+    body = "".join(f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>\n"
+                   for k, v in properties.items())
+    (folder / "core-site.xml").write_text(f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n')
+    _HADOOP_CONFS[key] = folder
+    return folder

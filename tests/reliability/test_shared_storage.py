@@ -1,0 +1,115 @@
+"""Shared storage on a real S3 server (S3Proxy, started by `featurectl services up --s3`): a backfill whose tiles
+Flink writes to S3 and featurectl reads back is exact; a stream keeps its checkpoints and history tiles in S3,
+and killed, resumes from a checkpoint there, its served values equal to the oracle."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import yaml
+
+from cli_helpers import ROOT, featurectl, free_port
+from common.config import load_config
+from dsl import load_repo
+from fault_env import sibling
+
+stream_env = sibling("stream_env", "streaming")
+exactness = sibling("test_stream_exactness", "streaming")
+history = sibling("backfill_history", "batch")
+backfill_rows = sibling("test_backfill", "batch")
+StreamProcess, StreamRepo = stream_env.StreamProcess, stream_env.StreamRepo
+MINUTE, T0 = exactness.MINUTE, exactness.T0
+BUCKET = "featurectl-shared"
+KEYS = {"AWS_ACCESS_KEY_ID": "featurectl-test", "AWS_SECRET_ACCESS_KEY": "featurectl-test-secret"}
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The S3 server of a scratch repo; yields the `platform` settings that put a repo's shared storage on it and
+    the folder where the server keeps the bucket's objects."""
+    env = pytest.MonkeyPatch()
+    for name, value in KEYS.items():
+        env.setenv(name, value)
+    folder = tmp_path_factory.mktemp("shared_storage")
+    repo = sibling("test_services", "featurectl").scratch_repo(folder)
+    port = free_port()
+    platform = {"s3": {"endpoint": f"http://127.0.0.1:{port}", "local_port": port, "path_style_access": True}}
+    raw = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    raw["platform"].update(platform, shared_storage=f"s3://{BUCKET}/services")
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(raw))
+    up = featurectl("--repo", str(repo), "services", "up", "--only", "s3")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield platform, load_config(repo).state_dir / "s3" / "data" / BUCKET
+    finally:
+        down = featurectl("--repo", str(repo), "services", "down")
+        env.undo()
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def stored_files(folder) -> list:
+    """The objects the S3 server holds under `folder` (its filesystem backend lists an empty folder as an object
+    that cannot be deleted; the files on its disk are what it stores)."""
+    return [p for p in folder.rglob("*") if p.is_file()]
+
+
+def on_s3(repo_yaml, s3: tuple, prefix: str) -> None:
+    platform = s3[0]
+    raw = yaml.safe_load(repo_yaml.read_text())
+    raw["platform"].update(platform, shared_storage=f"s3://{BUCKET}/{prefix}")
+    repo_yaml.write_text(yaml.safe_dump(raw))
+
+
+def test_backfill_with_its_tiles_on_s3_is_exact(s3, tmp_path):
+    repo = history.example_repo_copy(tmp_path / "repo", tmp_path / "data", f"sqlite:///{tmp_path / 'registry.db'}")
+    on_s3(repo / "feature_store.yaml", s3, "backfill")
+    events = history.write_history(load_repo(ROOT / "feature_repo"), tmp_path / "data")
+    done = featurectl("--repo", str(repo), "backfill", "--start", history.utc(history.T0_MS).isoformat(),
+                      "--end", history.utc(history.T1_MS).isoformat(), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for view in load_repo(repo).views:
+        if view.offline:
+            backfill_rows.assert_rows_match_oracle(view, backfill_rows.read_offline(tmp_path / "data", view),
+                                                   events[view.source.name], history.T0_MS, history.T1_MS)
+    assert not stored_files(s3[1] / "backfill"), "the backfill's tiles were left in S3"
+    assert not list((tmp_path / "data" / "offline").glob(".tiles-*")), "tiles went to the local folder"
+
+
+def test_stream_checkpoints_in_s3_and_resumes_from_them_exactly(s3, tmp_path):
+    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name="stream_s3")
+    on_s3(repo.folder / "feature_store.yaml", s3, "streams-test")
+    view = repo.views()[0]
+    rng, log = random.Random(31), stream_env.EventLog()
+    halves = exactness.interaction_parts(log, rng, 2, 600, 30 * MINUTE, 40)
+    on_time_after = [len([e for e in log.on_time if e["event_time"] < T0 + (i + 1) * 30 * MINUTE]) for i in range(2)]
+    stream = StreamProcess(repo, tmp_path / "stream-1.log")
+    try:
+        stream.wait_running()
+        stream_env.produce(repo.topic, halves[0])
+        applied = stream.wait_events({view.name: on_time_after[0]})
+        status = stream.wait(lambda s: (s.get("checkpoint") or {}).get("at", "") > applied["updated_at"],
+                             "a checkpoint after the first half")
+        assert status["checkpoint"]["path"].startswith(f"s3://{BUCKET}/streams-test/streams/"), status["checkpoint"]
+        shared = load_config(repo.folder).shared_storage.child("streams")
+        assert any(p.endswith("/_metadata") and "/chk-" in p for p in shared.files()), shared.files()
+        assert not list((repo.folder / "state").rglob("chk-*")), "checkpoints went to the local state folder"
+        stream.kill()
+
+        stream = StreamProcess(repo, tmp_path / "stream-2.log")
+        status = stream.wait_running()
+        assert (status["restored_from"] or "").startswith(f"s3://{BUCKET}/"), status["restored_from"]
+        stream_env.produce(repo.topic, halves[1])
+        stream.wait_events({view.name: on_time_after[1]})
+        keys = sorted({e["asset_id"] for e in log.on_time})
+        want, got = stream_env.expected(view, log.on_time), stream_env.served(repo.project, view, keys)
+        assert not stream_env.mismatches(want, got, view.feature_names)
+        assert stream.stop() == 0
+        done = featurectl("--repo", str(repo.folder), "teardown", "--yes")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not stored_files(s3[1] / "streams-test"), "teardown left the stream's files in S3"
+    finally:
+        stream.kill()
+        repo.cleanup()

@@ -6,8 +6,8 @@ own HTTP protocol) without the model, answering after an injected delay that can
 `POST /generate` answers a small body after the delay (202 with a job id for `"async": true`, the job done after
 the delay), `GET /jobs/{id}`, `/ready`, `/health` at once (a slow replica still passes its health checks);
 `POST /delay {"ms": N}` sets the delay, `POST /fail {"status": S}` makes `/generate` answer S as generate-server
-would (503 `closed`, 429 `queue_full`, 500 `generation_failed`; 0: answer again). It counts the requests it answered (`GET /count`), so that a test sees what
-reached each replica, not what the gateway says it sent.
+would (503 `closed`, 429 `queue_full`, 500 `generation_failed`; 0: answer again). It counts the requests it
+answered (`GET /count`), so that a test sees what reached each replica, not what the gateway says it sent.
 """
 
 from __future__ import annotations

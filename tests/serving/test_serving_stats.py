@@ -99,6 +99,7 @@ def test_freshness_is_exported_with_the_ages_at_scrape_time():
     assert newest.labels == {"view": "v"} and newest.value == newest_ms / 1000
     [age] = families["featurectl_view_newest_value_age_seconds"].samples
     assert 90 <= age.value < 90 + 60
-    lags = {(s.labels["view"], s.labels["quantile"]): s.value for s in families["featurectl_stream_lag_seconds"].samples}
+    lags = {(s.labels["view"], s.labels["quantile"]): s.value
+            for s in families["featurectl_stream_lag_seconds"].samples}
     assert lags == {("v", "0.5"): 0.42, ("v", "0.99"): 0.71}
     assert {s.labels["view"]: s.value for s in families["featurectl_stream_running"].samples} == {"v": 1, "w": 0}

@@ -3,8 +3,9 @@
 Each asset is one of several shape categories built from trimesh primitives (boxes, spheres, cylinders, capsules,
 cones, tori, an open bowl) and their combinations (a table is a top on four legs, a snowman three stacked
 spheres), then scaled unevenly, twisted, rotated and moved, so that shapes of one category differ but stay closer
-to each other than to other categories. Files rotate through GLB, OBJ and PLY; `assets.parquet` lists them with the columns an
-`AssetSource` list has (`asset_id`, `path` relative to the list, `updated_at` in epoch ms, `category`).
+to each other than to other categories. Files rotate through GLB, OBJ and PLY; `assets.parquet` lists them with
+the columns an `AssetSource` list has (`asset_id`, `path` relative to the list, `updated_at` in epoch ms,
+`category`).
 """
 
 from __future__ import annotations

@@ -90,18 +90,24 @@ class Storage:
         except OSError as exc:
             raise StorageError(f"shared storage {self.uri}: {what} failed: {exc}") from None
 
-    def files(self) -> list[str]:
-        """Every file under this folder (paths relative to it), none when it does not exist."""
+    def file_times(self) -> dict[str, int]:
+        """Every file under this folder (path relative to it) with its modification time in ns, from one listing;
+        none when the folder does not exist."""
         from pyarrow import fs
 
         def listing(filesystem, path):
             found = filesystem.get_file_info(fs.FileSelector(path, recursive=True, allow_not_found=True))
-            names = {info.path[len(path):].lstrip("/"): info.type for info in found}
-            folders = {name[:i] for name in names for i, c in enumerate(name) if c == "/"}
+            infos = {info.path[len(path):].lstrip("/"): info for info in found}
+            folders = {name[:i] for name in infos for i, c in enumerate(name) if c == "/"}
             # some S3 servers list a folder as an object too: a "file" with files under it is a folder
-            return sorted(name for name, kind in names.items() if kind == fs.FileType.File and name not in folders)
+            return {name: info.mtime_ns or 0 for name, info in infos.items()
+                    if info.type == fs.FileType.File and name not in folders}
 
         return self._call("listing", listing)
+
+    def files(self) -> list[str]:
+        """Every file under this folder (paths relative to it), none when it does not exist."""
+        return sorted(self.file_times())
 
     def mtime_ns(self, relative: str) -> int:
         def stat(filesystem, path):

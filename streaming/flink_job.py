@@ -66,11 +66,11 @@ def completed_checkpoints(checkpoints: Storage) -> list[Storage]:
     """Every complete checkpoint (a `<job>/chk-N` folder with its `_metadata`) and savepoint
     (`savepoints/savepoint-*`), oldest first."""
     found = []
-    for path in checkpoints.files():
+    for path, mtime_ns in checkpoints.file_times().items():
         parts = path.split("/")
         if len(parts) == 3 and parts[2] == "_metadata" and (
                 parts[1].startswith("chk-") or parts[0] == "savepoints" and parts[1].startswith("savepoint-")):
-            found.append((checkpoints.mtime_ns(path), _number(parts[1]), checkpoints.child(parts[0], parts[1])))
+            found.append((mtime_ns, _number(parts[1]), checkpoints.child(parts[0], parts[1])))
     return [folder for _, _, folder in sorted(found, key=lambda f: f[:2])]
 
 

@@ -1,4 +1,5 @@
-"""One batch of requests through the models: features, text, condition, tokens, occupancy grids; stages timed.
+"""One batch of requests through the models: features, text, condition, tokens, occupancy grids (all of the batch's
+objects in one coarse-to-fine pass); stages timed.
 
 The GPU work of a batch runs on one thread (the service's worker). On a CUDA device (`mesh_on_device`) the mesh
 is made there too: marching cubes on the grid in device memory, one copy of the vertex and face buffers to the
@@ -23,7 +24,7 @@ from inference.engine import Engine
 from inference.errors import MeshError
 from inference.glb import glb_bytes
 from inference.mesh import ShapeDecoder, device_surface, host_mesh
-from inference.occupancy import coarse_to_fine, shape_field
+from inference.occupancy import Fields, OccupancyGrid, coarse_to_fine_batch, shape_fields
 from inference.service.conditioning import (AssetFeatureFetcher, AssetFeatures, AssetProjection, asset_vector,
                                             bbox_condition)
 from inference.service.config import ServiceConfig
@@ -119,15 +120,16 @@ class Pipeline:
                                        mcfg.text_tokens, vocab_size=vocab)
         return TextEncoder(model, tokenizer, mcfg.text_tokens, self.device, self.dtype)
 
-    def _field(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
-        field = shape_field(self.shapes, ids, compiled=self.cfg.compiles_occupancy)
+    def _fields(self, ids: Tensor) -> Fields:
+        fields = shape_fields(self.shapes, ids, compiled=self.cfg.compiles_occupancy)
         if self.cfg.shape_weights is not None:
-            return field
+            return fields
         # random tokenizer weights put each object's logits at their own offset, often all of one sign: centre
         # them on the median of a 17^3 grid so that speed runs and tests get a surface (released weights do not
         # take this path)
-        offset = coarse_to_fine(field, 4, self.shapes.cfg.bounds, self.device, levels=0).values.median()
-        return lambda points: field(points) - offset
+        grids = coarse_to_fine_batch(fields, ids.shape[0], 4, self.shapes.cfg.bounds, self.device, levels=0)
+        offsets = torch.stack([grid.values.median() for grid in grids])[:, None]
+        return lambda points: fields(points) - offsets
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -147,7 +149,8 @@ class Pipeline:
         return cond, used
 
     def run_batch(self, requests: list[GenerationRequest], emit: Callable[[GridJob], None]) -> None:
-        """Fetch, encode, generate for the whole batch; then one occupancy grid per object, handed to `emit`."""
+        """Fetch, encode, generate and decode the occupancy grids for the whole batch; then each object's mesh job,
+        handed to `emit`."""
         stages: dict[str, float] = {}
         t0 = time.perf_counter()
         wanted = [r.asset_id for r in requests if r.asset_id]
@@ -163,20 +166,27 @@ class Pipeline:
         stats = self.engine.last_stats
         stages["prefill"], stages["decode"] = stats.prefill_s, stats.decode_s
         tokens = ids.tolist()
+        grids = self.shape_decode(ids, stages)
         for i, request in enumerate(requests):
-            job = self.occupancy(request, ids[i], dict(stages), features[i], boxes[i], len(requests))
+            job = self.mesh_job(request, grids[i], dict(stages), features[i], boxes[i], len(requests))
             job.tokens = tokens[i]
             emit(job)
 
     @torch.no_grad()
-    def occupancy(self, request: GenerationRequest, ids: Tensor, stages: dict[str, float],
-                  features: AssetFeatures | None, bbox: list[float] | None, batch_size: int) -> GridJob:
+    def shape_decode(self, ids: Tensor, stages: dict[str, float]) -> list[OccupancyGrid]:
+        """The occupancy grids of a batch's token ids [B, N], decoded together (one latent pass, one network call
+        per chunk for every object): the `shape_decode` stage, the batch's time, as `decode` is."""
         t0 = time.perf_counter()
-        grid = coarse_to_fine(self._field(ids), self.cfg.resolution, self.shapes.cfg.bounds, self.device,
-                              levels=self.cfg.coarse_levels)
+        grids = coarse_to_fine_batch(self._fields(ids), ids.shape[0], self.cfg.resolution, self.shapes.cfg.bounds,
+                                     self.device, levels=self.cfg.coarse_levels)
         self._sync()
-        t1 = time.perf_counter()
-        stages["shape_decode"] = t1 - t0
+        stages["shape_decode"] = time.perf_counter() - t0
+        return grids
+
+    def mesh_job(self, request: GenerationRequest, grid: OccupancyGrid, stages: dict[str, float],
+                 features: AssetFeatures | None, bbox: list[float] | None, batch_size: int) -> GridJob:
+        """One object's grid, meshed on the device, or put in shared memory for the mesh pool."""
+        t0 = time.perf_counter()
         if self.cfg.meshes_on_device:
             job = GridJob(request, None, stages, features, bbox, batch_size)
             try:
@@ -187,7 +197,7 @@ class Pipeline:
         shared = SharedGrid(grid.values.shape[0])
         torch.from_numpy(shared.values).copy_(grid.values)              # device -> shared memory, one copy
         torch.from_numpy(shared.surface).copy_(grid.surface)
-        stages["to_host"] = time.perf_counter() - t1
+        stages["to_host"] = time.perf_counter() - t0
         return GridJob(request, shared, stages, features, bbox, batch_size)
 
     def device_mesh(self, values: Tensor, job: GridJob) -> None:

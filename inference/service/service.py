@@ -6,13 +6,13 @@
 
 One worker thread owns the GPU. It takes the oldest request, waits up to `max_batch_wait_ms` for more that can
 share the engine call (same token choice), up to the largest batch bucket, and runs the batch: one feature fetch,
-one text encoding, one `Engine.generate`, then one occupancy grid per object. On a CUDA device marching cubes
-follows on the worker (a few ms) and the GLB bytes are written in a thread; on the host path both run in a worker
-process (`meshing.MeshPool`). Either way the worker goes on with the next object or batch. A full
-queue is refused at once (`QueueFullError`, HTTP 429). A request still queued `job_timeout_s` after it arrived is
-dropped before it costs GPU time (`JobExpiredError`): a service that far behind is overloaded, and the caller may be
-long gone. That deadline is the service's, not the caller's: `timeout_s` of a request only says how long an HTTP
-caller waits before it gets a job id instead (`http_app`).
+one text encoding, one `Engine.generate`, one coarse-to-fine pass for the batch's occupancy grids together. On a
+CUDA device marching cubes follows on the worker (a few ms per object) and the GLB bytes are written in a thread;
+on the host path both run in a worker process (`meshing.MeshPool`). Either way the worker goes on with the next
+object or batch. A full queue is refused at once (`QueueFullError`, HTTP 429). A request still queued
+`job_timeout_s` after it arrived is dropped before it costs GPU time (`JobExpiredError`): a service that far
+behind is overloaded, and the caller may be long gone. That deadline is the service's, not the caller's:
+`timeout_s` of a request only says how long an HTTP caller waits before it gets a job id instead (`http_app`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ import torch
 
 from inference.errors import MeshError
 from inference.mesh import ShapeDecoder, marching_cubes
-from inference.occupancy import cell_points, coarse_to_fine, shape_field, sign_change_cells
+from inference.occupancy import (cell_points, coarse_to_fine, coarse_to_fine_batch, shape_field, shape_fields,
+                                 sign_change_cells)
 
 
 def bumpy(points: torch.Tensor) -> torch.Tensor:
@@ -47,6 +48,31 @@ def test_dense_path_matches_the_shape_decoders_grid():
     with torch.no_grad():
         ours = coarse_to_fine(shape_field(dec, ids), 4, dec.cfg.bounds, "cpu", levels=0).values
     torch.testing.assert_close(ours, dec.occupancy_grid(ids, resolution=4), rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_of_objects_gets_the_grids_each_would_get_alone():
+    shifts = torch.tensor([[0.0, 0.0, 0.0], [0.3, -0.2, 0.1], [-0.4, 0.1, 0.0]])     # surfaces of different sizes
+
+    def fields(points: torch.Tensor) -> torch.Tensor:                                # [3, P, 3] -> [3, P]
+        return torch.stack([bumpy(p - s) * (1.0 - 0.3 * i) for i, (p, s) in enumerate(zip(points, shifts))])
+
+    batch = coarse_to_fine_batch(fields, 3, 6, 1.05, "cpu", levels=3, chunk=3000)
+    for i, grid in enumerate(batch):
+        alone = coarse_to_fine(lambda p: bumpy(p - shifts[i]) * (1.0 - 0.3 * i), 6, 1.05, "cpu", levels=3)
+        assert grid.evaluated == alone.evaluated
+        torch.testing.assert_close(grid.values, alone.values, rtol=0, atol=1e-6)
+        assert torch.equal(grid.surface, alone.surface)
+    assert len({grid.evaluated for grid in batch}) == 3                      # the packing padded unequal counts
+
+
+def test_batched_shape_fields_evaluate_each_objects_own_field():
+    dec = ShapeDecoder("tiny", None, init_std=0.3, seed=1)
+    ids = torch.randint(0, dec.cfg.num_codes, (2, dec.cfg.num_latents), generator=torch.Generator().manual_seed(0))
+    points = torch.rand(2, 50, 3) * 2 - 1
+    with torch.no_grad():
+        both = shape_fields(dec, ids)(points)
+        alone = [shape_field(dec, ids[i])(points[i]) for i in range(2)]
+    torch.testing.assert_close(both, torch.stack(alone), rtol=1e-5, atol=1e-5)
 
 
 def test_levels_beyond_the_resolution_are_refused():

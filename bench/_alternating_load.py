@@ -64,12 +64,14 @@ def alternate(sides: dict[str, Side], rate: float, seconds: float, segments: int
 
 
 def figures(side: dict) -> dict:
-    """One side's benchmark figures from what `alternate` collected."""
+    """One side's benchmark figures from what `alternate` collected; the interquartile range of its segments' p99s
+    is the yardstick of the host's noise that a difference of medians is read against."""
     marks = percentiles(side["latencies"])
     return {"http_load_rps": round(side["ok"] / side["seconds"], 1), "http_load_errors": side["errors"],
             "http_load_p50_ms": round(marks["p50"], 3), "http_load_p99_ms": round(marks["p99"], 3),
             "http_load_p999_ms": round(marks["p99.9"], 3),
             MEDIAN_P50: round(float(np.median(side["p50s"])), 3), MEDIAN_P99: round(float(np.median(side["p99s"])), 3),
+            "http_load_segment_p99_iqr_ms": round(float(np.subtract(*np.percentile(side["p99s"], [75, 25]))), 3),
             "cpu_per_request_us": round(side["cpu_s"] / max(1, side["ok"]) * 1e6, 1)}
 
 

@@ -25,10 +25,12 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench_repo(folder: Path, project: str, definitions: str = "", platform: Optional[dict] = None) -> Path:
-    """The example repo's definitions (plus `definitions`, Python appended to them) under `project`, its registry
-    in `folder`; without `platform` the yaml has no `platform` section, so that Feast's own server reads it."""
-    repo = folder / "repo"
+def bench_repo(folder: Path, project: str, definitions: str = "", platform: Optional[dict] = None,
+               name: str = "repo") -> Path:
+    """The example repo's definitions (plus `definitions`, Python appended to them) under `project`, as
+    `folder/name`, its registry in `folder` (repos of other names there share it); without `platform` the yaml has
+    no `platform` section, so that Feast's own server reads it."""
+    repo = folder / name
     repo.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(ROOT / "feature_repo" / "features.py", repo / "features.py")
     if definitions:
@@ -95,6 +97,35 @@ def load_assets(store, assets: int, seed: int) -> None:
             log.info("%s: wrote rows %d..%d with Feast (%.0f rows/s)", name, start,
                      min(start + 20_000, assets), 20_000 / (time.perf_counter() - started))
     client.set(marker, json.dumps({"assets": assets, "loaded_s": time.time()}))
+
+
+def _codes(column) -> tuple[list, np.ndarray]:
+    import pandas as pd
+
+    codes, seen = pd.factorize(column)
+    return list(seen), codes
+
+
+def record_profiles(store, repo: Path, assets: int, seed: int) -> None:
+    """The profiles of the data `load_assets` writes (the same frames, from the same seed) as a backfill records them,
+    so that the server samples and bins what it serves for its drift metrics, as it would in production."""
+    import datetime as dt
+
+    from common.config import load_config
+    from common.feature_profile import categorical_profile, numeric_profile
+    from common.quality_log import QualityLog, QualityRecord
+
+    cfg, rng, now = load_config(repo), np.random.default_rng(seed), dt.datetime.now(dt.timezone.utc)
+    quality_log = QualityLog(cfg.registry_url)
+    try:
+        for name in ("asset_activity", "asset_attributes"):
+            frame, weights = asset_frame(store.get_feature_view(name), assets, rng), np.ones(assets)
+            profiles = {f: (categorical_profile(*_codes(frame[f]), weights) if frame[f].dtype == object
+                            else numeric_profile(frame[f].to_numpy(), weights)) for f in frame.columns[2:]}
+            quality_log.record(QualityRecord(store.project, name, now - dt.timedelta(days=1), now, now, assets,
+                                             profiles=profiles))
+    finally:
+        quality_log.close()
 
 
 def free_port() -> int:

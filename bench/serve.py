@@ -42,7 +42,7 @@ import numpy as np
 from bench._cpu import process_cpu_s, redis_cpu_s
 from bench._http_load import sequential
 from bench._report import emit, percentiles
-from bench._serve_env import apply_repo, asset_frame, bench_repo, free_port, load_assets, open_loop, running_server
+from bench._serve_env import apply_repo, bench_repo, free_port, load_assets, open_loop, record_profiles, running_server
 
 log = logging.getLogger(__name__)
 PROJECT = "servebench"
@@ -66,35 +66,6 @@ def bench_on_demand(inputs):
 '''
 ON_DEMAND_FEATURES = ["bench_on_demand:boosted_like_rate", "bench_on_demand:prompt_length"]
 PROMPTS = ["a wooden chair", "a lamp shaped like a mushroom", "", "a low-poly fox with a long tail"]
-
-
-def _codes(column) -> tuple[list, np.ndarray]:
-    import pandas as pd
-
-    codes, seen = pd.factorize(column)
-    return list(seen), codes
-
-
-def _record_profiles(store, repo: Path, assets: int, seed: int) -> None:
-    """The profiles of the data `_load_data` writes (the same frames, from the same seed) as a backfill records them,
-    so that the server samples and bins what it serves for its drift metrics, as it would in production."""
-    import datetime as dt
-
-    from common.config import load_config
-    from common.feature_profile import categorical_profile, numeric_profile
-    from common.quality_log import QualityLog, QualityRecord
-
-    cfg, rng, now = load_config(repo), np.random.default_rng(seed), dt.datetime.now(dt.timezone.utc)
-    quality_log = QualityLog(cfg.registry_url)
-    try:
-        for name in ("asset_activity", "asset_attributes"):
-            frame, weights = asset_frame(store.get_feature_view(name), assets, rng), np.ones(assets)
-            profiles = {f: (categorical_profile(*_codes(frame[f]), weights) if frame[f].dtype == object
-                            else numeric_profile(frame[f].to_numpy(), weights)) for f in frame.columns[2:]}
-            quality_log.record(QualityRecord(PROJECT, name, now - dt.timedelta(days=1), now, now, assets,
-                                             profiles=profiles))
-    finally:
-        quality_log.close()
 
 
 def _time(call: Callable[[object], object], args: list, warm: int = 10) -> list[float]:
@@ -315,7 +286,7 @@ def command(ctx, assets: int, sdk_requests: int, batch_requests: int, od_request
     repo = bench_repo(cfg.state_dir / "bench-serve", PROJECT, ON_DEMAND)
     store = apply_repo(repo)
     load_assets(store, assets, seed)
-    _record_profiles(store, repo, assets, seed)
+    record_profiles(store, repo, assets, seed)
     features = ([f"asset_activity:{f.name}" for f in store.get_feature_view("asset_activity").features]
                 + [f"asset_attributes:{name}" for name in ATTRIBUTES])
     ids = [f"asset_{i:06d}" for i in range(assets)]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.errors import FeaturectlError
 
@@ -121,6 +121,16 @@ class VectorSettings(BaseModel):
     search_params: dict[str, Any] = Field(default_factory=dict)
 
 
+class ServingSettings(BaseModel):
+    """What `featurectl serve` does beside answering: its workers read these at start."""
+
+    model_config = ConfigDict(extra="forbid")
+    monitoring: bool = Field(True, description="the freshness and data-quality metrics: rows served per view and "
+                                               "status counted per request, the views' newest values and stream "
+                                               "lags read every second, a sample of served values binned for "
+                                               "drift; false: none of it, and /metrics and /stats leave them out")
+
+
 class S3Settings(BaseModel):
     """The S3 service `s3://` shared storage talks to. Credentials are never in the file: featurectl, pyarrow and
     Flink's S3 filesystem read AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from the environment."""
@@ -149,6 +159,7 @@ class PlatformSettings(BaseModel):
     auth: AuthSettings = AuthSettings()
     http: HttpSettings = HttpSettings()
     feature_logging: FeatureLogSettings = FeatureLogSettings()
+    serving: ServingSettings = ServingSettings()
     vectors: VectorSettings = VectorSettings()
 
 
@@ -161,7 +172,7 @@ class ProjectConfig:
         self.project: str = raw.get("project") or ""
         if not self.project:
             raise ConfigError(f"{repo_path}/feature_store.yaml has no `project`: add `project: <name>`")
-        self.platform = PlatformSettings(**(raw.get("platform") or {}))
+        self.platform = _platform_settings(repo_path, raw.get("platform") or {})
         self.registry_url = self._resolve_registry(registry_override)
 
     @property
@@ -257,6 +268,26 @@ def load_config(repo_path: Path | str = DEFAULT_REPO, registry_override: Optiona
     with yaml_path.open() as fh:
         raw = yaml.safe_load(os.path.expandvars(fh.read())) or {}  # `${VAR}`, as Feast reads the file
     return ProjectConfig(path, raw, registry_override)
+
+
+def _platform_settings(repo_path: Path, platform: Any) -> PlatformSettings:
+    """The `platform` section, or a ConfigError naming each wrong setting (`platform.http.max_headers: ...`)."""
+    if not isinstance(platform, dict):
+        raise ConfigError(f"{repo_path}/feature_store.yaml: `platform` must be a mapping of settings, got "
+                          f"{platform!r}")
+    try:
+        return PlatformSettings(**platform)
+    except ValidationError as exc:
+        wrong = "; ".join(_setting_error(error) for error in exc.errors())
+        raise ConfigError(f"{repo_path}/feature_store.yaml: {wrong}. Fix the value, or remove the setting for its "
+                          "default") from None
+
+
+def _setting_error(error: Any) -> str:
+    where = "platform." + ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{where} is not a setting (check its spelling and section)"
+    return f"{where}: {error['msg'][:1].lower()}{error['msg'][1:]}, got {error['input']!r}"
 
 
 def _warn_relative_registry(repo_path: Path, url: str) -> None:

@@ -116,11 +116,11 @@ class FeatureServer:
                  make_gateway: Optional[Callable[[], Gateway]] = None,
                  on_started: Optional[Callable[[], None]] = None, http: Optional[HttpSettings] = None,
                  feature_log: Optional[FeatureLogger] = None, drift: Optional[DriftMonitor] = None,
-                 freshness: Optional[FreshnessMonitor] = None):
+                 freshness: Optional[FreshnessMonitor] = None, count_served: bool = True):
         """`on_started` runs once the client and gateway are up (the entry point freezes the heap there);
         `feature_log` None: no feature logging; `drift` samples served values for the drift metrics
         (`serving.drift`); `freshness` reads the views' newest event times and stream lags in the background for
-        /metrics."""
+        /metrics; `count_served` counts the rows served per view and status (`serving.served_rows`)."""
         self.http = http or HttpSettings()
         self.feature_log = feature_log
         self.make_client = make_client
@@ -141,6 +141,7 @@ class FeatureServer:
         self._drifting: Optional[asyncio.Future] = None
         self.freshness = freshness
         self._watching: Optional[asyncio.Future] = None
+        self.count_served = count_served
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -274,12 +275,14 @@ class FeatureServer:
             spec = self._logged(features)
             written = request.answer_json(replies) if spec is None else None  # one plain row: no columns built
             if written is not None:
-                self.stats.served.count(written[1])
+                if self.count_served:
+                    self.stats.served.count(written[1])
                 if self.drift is not None and self.drift.sampling():
                     self.drift.offer(features, request.finish(replies))
                 return written[0]
             response = request.finish(replies)
-            self.stats.served.count(response.views)
+            if self.count_served:
+                self.stats.served.count(response.views)
             if self.drift is not None:
                 self.drift.offer(features, response)
             answer = response.to_feast_response()
@@ -339,7 +342,7 @@ class FeatureServer:
 
     async def metrics(self, body: Optional[bytes]) -> Reply:
         snapshot = self.freshness.snapshot if self.freshness is not None else None
-        return 200, exposition(self.stats, self.drift, snapshot), METRICS_TYPE.encode()
+        return 200, exposition(self.stats, self.drift, snapshot, self.count_served), METRICS_TYPE.encode()
 
     async def stats_json(self, body: Optional[bytes]) -> Reply:
         summary = self.stats.merged().summary()

@@ -34,11 +34,13 @@ def latency_metrics(name: str, doc: str, label: str, hists: dict[str, LatencyHis
 
 
 class StatsCollector:
-    """Reads the (merged) server stats and the last freshness snapshot at scrape time; nothing is observed twice."""
+    """Reads the (merged) server stats and the last freshness snapshot at scrape time; nothing is observed twice.
+    `served`: whether the rows served per view are counted (`platform.serving.monitoring`), else left out."""
 
-    def __init__(self, stats: ServerStats, freshness: Optional[FreshnessSnapshot] = None):
+    def __init__(self, stats: ServerStats, freshness: Optional[FreshnessSnapshot] = None, served: bool = True):
         self.stats = stats
         self.freshness = freshness
+        self.served = served
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats.merged()
@@ -60,7 +62,8 @@ class StatsCollector:
                                 value=stats.log_queued)
         yield GaugeMetricFamily("featurectl_feature_log_buffered_rows", "logged rows in Arrow, not yet written",
                                 value=stats.log_buffered)
-        yield from served_metrics(stats.served)
+        if self.served:
+            yield from served_metrics(stats.served)
         if self.freshness is not None:
             yield from freshness_metrics(self.freshness)
 
@@ -83,11 +86,12 @@ def _feature_log(counts: dict[str, FeatureLogCounts]) -> Iterator[Metric]:
 
 
 def exposition(stats: ServerStats, drift: Optional[Any] = None,
-               freshness: Optional[FreshnessSnapshot] = None) -> bytes:
+               freshness: Optional[FreshnessSnapshot] = None, served: bool = True) -> bytes:
     """The scrape; `drift`: a collector of drift metrics (`serving.drift.DriftMonitor`), when sampling is on;
-    `freshness`: the last snapshot of the views' newest event times and stream lags."""
+    `freshness`: the last snapshot of the views' newest event times and stream lags; `served`: whether rows served
+    per view are counted."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats, freshness))
+    registry.register(StatsCollector(stats, freshness, served))
     if drift is not None:
         registry.register(drift)
     return generate_latest(registry)

@@ -82,11 +82,13 @@ def create_app() -> FeatureServer:
         return Gateway.open(config.registry_url, config.project, settings.auth_refresh_s, buckets)
 
     stats = ServerStats(Path(settings.stats_dir) if settings.stats_dir else None)
+    monitoring = config.platform.serving.monitoring
     return FeatureServer(make_client, stats, make_gateway if settings.auth_refresh_s else None,
                          on_started=_freeze_heap, http=config.platform.http,
                          feature_log=FeatureLogger(config.platform.feature_logging, stats),
-                         drift=DriftMonitor(_profiles_of(config.registry_url, config.project)),
-                         freshness=FreshnessMonitor(config.state_dir))
+                         drift=DriftMonitor(_profiles_of(config.registry_url, config.project)) if monitoring else None,
+                         freshness=FreshnessMonitor(config.state_dir) if monitoring else None,
+                         count_served=monitoring)
 
 
 def _profiles_of(registry_url: str, project: str) -> Callable[[], dict]:
@@ -111,7 +113,11 @@ def serve(repo: Path, registry: Optional[str], host: str = "127.0.0.1", port: in
 
     from common.config import load_config
 
-    auth = load_config(repo, registry).platform.auth
+    platform = load_config(repo, registry).platform
+    auth = platform.auth
+    if not platform.serving.monitoring:
+        logger.info("freshness and data-quality monitoring off (platform.serving.monitoring: false): no rows served "
+                    "per view, freshness or drift in /metrics")
     required = auth.enabled if require_api_key is None else require_api_key
     if required:
         logger.info("API keys required on POST /get-online-features and POST /push (keys reloaded every %gs)",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
 import time
 import urllib.request
 import uuid
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 import redis
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli_helpers import cli_server, copy_example_repo, featurectl, free_port, register_repo
@@ -201,3 +203,34 @@ def test_with_two_workers_the_served_counts_add_up(repo):
         assert len(shares) == 2 and min(shares) > 0, f"both workers served: {shares}"
         for _ in range(10):  # whichever worker answers the scrape: its own counts and the other's
             assert _served(server.url) == want
+
+
+MONITORING_FAMILIES = {"featurectl_view_served_rows", "featurectl_view_newest_event_timestamp_seconds",
+                       "featurectl_view_newest_value_age_seconds", "featurectl_stream_running",
+                       "featurectl_stream_lag_seconds", "featurectl_feature_drift", "featurectl_feature_drift_values"}
+
+
+def _unmonitored_copy(folder: Path) -> Path:
+    """The same repo (registry, project, state folder) with `platform.serving.monitoring: false`."""
+    copy = folder.parent / f"{folder.name}_unmonitored"
+    shutil.copytree(folder, copy)
+    settings = yaml.safe_load((copy / "feature_store.yaml").read_text())
+    settings["platform"].setdefault("serving", {})["monitoring"] = False
+    (copy / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    return copy
+
+
+def test_monitoring_off_serves_the_same_answers_without_the_freshness_and_quality_metrics(repo, server):
+    body = {"features": FEATURES, "entities": {"asset_id": ["a_new", "a_stale", "zz"]}}
+    with feature_server(_unmonitored_copy(repo[0]), free_port()) as unmonitored:
+        answers = {}
+        for url in (server, unmonitored):
+            status, answers[url] = post(url, body)
+            assert status == 200, answers[url]
+        assert answers[server] == answers[unmonitored]
+        off = _metrics(unmonitored)
+        assert "featurectl_request_duration_seconds" in off and not MONITORING_FAMILIES & set(off), sorted(off)
+        stats = json.loads(get(unmonitored, "/stats")[1])
+        assert stats["served_rows"] == {} and "drift" not in stats
+    assert MONITORING_FAMILIES <= set(_metrics(server))
+    assert "drift" in json.loads(get(server, "/stats")[1])

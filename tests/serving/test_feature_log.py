@@ -271,3 +271,22 @@ def test_a_request_id_the_server_would_not_echo_is_replaced(served, given):
     status, _, logged_id = _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
                                  given.encode().decode("latin-1"))
     assert status == 200 and logged_id and logged_id != given and " " not in logged_id and len(logged_id) < 64
+
+
+def test_an_answer_of_another_shape_fails_alone(tmp_path):
+    """The writer thread parses the answers: one that does not fit its service (the catalog changed under the
+    plan) is counted as failed, and the answers beside it are written."""
+    stats = ServerStats()
+    spec = _spec(tmp_path / "logs")
+    wider = orjson.loads(_answer(2.0))
+    wider["metadata"]["feature_names"].append("other")
+    wider["results"].append(wider["results"][-1])
+    log = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
+    log.offer(spec, _answer(1.0), 1, "fits")
+    log.offer(spec, orjson.dumps(wider), 1, "wider")
+    log.start()
+    log.close()
+    counts = stats.feature_log["svc"]
+    assert (counts.logged, counts.failed, counts.written) == (2, 1, 1)
+    rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
+    assert [(r["__request_id"], r["v__views"]) for r in rows] == [("fits", 1.0)]

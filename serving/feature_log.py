@@ -2,17 +2,18 @@
 feature-logging layout (the schema of Feast's `FeatureServiceLoggingSource`, one folder per `__log_date`,
 hive-style), so that Feast's file offline store reads them.
 
-The request path decides whether a request is sampled and appends the columns of the answer it already built
-(Feast's response body: per result its values, statuses and event timestamps, as sent) to a queue of lists, one
-per column: a few C calls (`list.extend` mapped over the results), no Python per value, nothing for the garbage
-collector to trace later (the lists hold the values themselves, not the answer's dicts). The queue is bounded in
-rows and never waits: an answer that would pass the bound is dropped and counted. A writer thread takes the whole
-queue every `DRAIN_S`, turns it into Arrow, and writes one file per service and date every `flush_s` or
-`flush_rows`, and at shutdown. Files are named by worker and sequence and appear whole, by rename.
+The request path decides whether a request is sampled and appends the bytes of the answer it sends (Feast's JSON
+response body, however it was written: the one-row fast path of `serving.row_answer` included) to a queue: one
+tuple per answer, no parsing, no Python per value. The queue is bounded in rows and never waits: an answer that
+would pass the bound is dropped and counted. A writer thread takes the whole queue every `DRAIN_S`, parses the
+answers back into columns (per result its values, statuses and event timestamps, as sent), turns them into Arrow,
+and writes one file per service and date every `flush_s` or `flush_rows`, and at shutdown. Files are named by
+worker and sequence and appear whole, by rename.
 
-The writer shares the GIL with the event loop. It makes one column Arrow at a time and sleeps `PAUSE_S` between
-two, so a request that arrives meanwhile waits for one column's work at most: a thread that held on to the GIL
-would keep the loop waiting up to the interpreter's switch interval (5 ms).
+The writer shares the GIL with the event loop. It parses `PARSE_ANSWERS` answers at a time and makes one column
+Arrow at a time, sleeping `PAUSE_S` after each step, so a request that arrives meanwhile waits for one step's
+work at most: a thread that held on to the GIL would keep the loop waiting up to the interpreter's switch
+interval (5 ms).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -47,7 +49,8 @@ logger = logging.getLogger(__name__)
 LOG_TIMESTAMP, LOG_DATE, REQUEST_ID = "__log_timestamp", "__log_date", "__request_id"  # feast.feature_logging's
 STATUS_CODES = {PRESENT: 1, NULL_VALUE: 2, NOT_FOUND: 3, OUTSIDE_MAX_AGE: 4}  # Feast's FieldStatus
 DRAIN_S = 0.2  # the longest an answer waits before it becomes Arrow: the queue bound's headroom
-PAUSE_S = 0.0002  # between two columns: long enough for the event loop's thread to wake up and take the GIL
+PAUSE_S = 0.0002  # between two steps: long enough for the event loop's thread to wake up and take the GIL
+PARSE_ANSWERS = 4  # answers parsed in one step, between two pauses
 _US_PER_DAY = 86_400_000_000
 _SPAN = 1 << 32  # deterministic sampling: the CRC-32 of a request id against sample_rate * 2^32
 _VALUES, _STATUSES, _STAMPS = itemgetter("values"), itemgetter("statuses"), itemgetter("event_timestamps")
@@ -101,7 +104,7 @@ class FeatureLogger:
         self.settings = settings
         self.stats = stats
         self._lock = threading.Lock()  # the queue: appended to by the event loop, taken whole by the writer
-        self._queued: dict[int, _Queued] = {}  # by id of the spec, which each _Queued keeps alive
+        self._queued: list[tuple[LogSpec, bytes, int, str, int]] = []  # spec, answer as sent, rows, id, log time
         self._queued_rows = 0
         self._token = f"{os.getpid()}-{secrets.token_hex(4)}"  # unique per worker: file names, generated ids
         self._ids = itertools.count()
@@ -111,10 +114,10 @@ class FeatureLogger:
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
 
-    def offer(self, spec: LogSpec, answer: dict[str, Any], request_id: Optional[str]) -> Optional[str]:
-        """Queue an answer (Feast's response body, as sent) when its request is sampled: deterministically by
-        `request_id` when the client gave one (the same id is logged by every worker or by none), at random
-        otherwise. Returns the request id logged, None when the request is not logged."""
+    def offer(self, spec: LogSpec, answer: bytes, rows: int, request_id: Optional[str]) -> Optional[str]:
+        """Queue an answer (Feast's JSON response body of `rows` entity rows, as sent) when its request is
+        sampled: deterministically by `request_id` when the client gave one (the same id is logged by every worker
+        or by none), at random otherwise. Returns the request id logged, None when the request is not logged."""
         rate = spec.sample_rate
         if request_id is None:
             if rate < 1.0 and random.random() >= rate:
@@ -122,20 +125,13 @@ class FeatureLogger:
             request_id = f"{self._token}-{next(self._ids)}"
         elif rate < 1.0 and zlib.crc32(request_id.encode()) >= rate * _SPAN:
             return None
-        results = answer["results"]
-        rows = len(results[0]["values"])
         counts = self.stats.log_counts(spec.service)
         with self._lock:
             queued = self._queued_rows
             if not rows or queued + rows > self.settings.queue_rows:
                 counts.dropped += rows
                 return None
-            columns = self._queued.get(id(spec))
-            if columns is None:
-                columns = self._queued[id(spec)] = _Queued(spec, answer["metadata"]["feature_names"])
-            if not columns.add(results, rows, request_id, time.time_ns() // 1000):
-                counts.failed += rows  # the catalog changed between the plan and this look-up: very rare
-                return None
+            self._queued.append((spec, answer, rows, request_id, time.time_ns() // 1000))
             self._queued_rows = queued + rows
         counts.logged += rows
         self.stats.log_queued = queued + rows
@@ -177,11 +173,26 @@ class FeatureLogger:
     def _drain(self) -> None:
         """Take the whole queue and turn it into one Arrow batch per service (and catalog version of it)."""
         with self._lock:
-            taken, self._queued, self._queued_rows = self._queued, {}, 0
+            taken, self._queued, self._queued_rows = self._queued, [], 0
         self.stats.log_queued = 0
-        for columns in taken.values():
-            self._convert(columns)
+        for columns in self._parse(taken).values():
+            if columns.rows:
+                self._convert(columns)
         self.stats.log_buffered = sum(b.rows for b in self._buffers.values())
+
+    def _parse(self, taken: list[tuple[LogSpec, bytes, int, str, int]]) -> dict[int, _Queued]:
+        """The queued answers as columns, per spec (by its id: each _Queued keeps its spec alive)."""
+        parsed: dict[int, _Queued] = {}
+        for i, (spec, answer, rows, request_id, log_us) in enumerate(taken, 1):
+            response = orjson.loads(answer)
+            columns = parsed.get(id(spec))
+            if columns is None:
+                columns = parsed[id(spec)] = _Queued(spec, response["metadata"]["feature_names"])
+            if not columns.add(response["results"], rows, request_id, log_us):
+                self.stats.log_counts(spec.service).failed += rows  # the catalog changed under the plan: rare
+            if i % PARSE_ANSWERS == 0:
+                time.sleep(PAUSE_S)
+        return parsed
 
     def _convert(self, columns: _Queued) -> None:
         spec = columns.spec

@@ -5,8 +5,8 @@ No web framework on the hot path: a request is routed by a dict lookup, parsed b
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
 log-linear histograms. Redis failures become 503 within the client's timeout. With API keys on
 (`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open. A feature
-service with logging gets the columns of a sample of its answers queued for `serving.feature_log` (the answer then
-carries `x-request-id`).
+service with logging gets a sample of its answers, the bytes sent, queued for `serving.feature_log` (the answer
+then carries `x-request-id`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from serving.json_body import JsonBodyError, error_json, load_json
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
 from serving.push_request import parse_push_request
+from serving.request import PreparedRequest
 from serving.stats import ServerStats
 
 logger = logging.getLogger(__name__)
@@ -272,26 +273,30 @@ class FeatureServer:
         async def fetched(client: AsyncOnlineClient) -> bytes:
             nonlocal logged
             request, replies = await client.fetch(features, entities, full)
+            payload = self._answered(features, request, replies)
             spec = self._logged(features)
-            written = request.answer_json(replies) if spec is None else None  # one plain row: no columns built
-            if written is not None:
-                if self.count_served:
-                    self.stats.served.count(written[1])
-                if self.drift is not None and self.drift.sampling():
-                    self.drift.offer(features, request.finish(replies))
-                return written[0]
-            response = request.finish(replies)
-            if self.count_served:
-                self.stats.served.count(response.views)
-            if self.drift is not None:
-                self.drift.offer(features, response)
-            answer = response.to_feast_response()
-            if spec is not None:
-                logged = self.feature_log.offer(spec, answer, request_id)  # type: ignore[union-attr]
-            return orjson.dumps(answer)
+            if spec is not None:  # the bytes sent, parsed back into columns by the log's writer thread
+                logged = self.feature_log.offer(spec, payload, request.rows, request_id)  # type: ignore[union-attr]
+            return payload
 
         status, payload, kind = await self._call("get-online-features", fetched)
         return status, payload, kind, ((b"x-request-id", logged.encode()),) if logged else ()
+
+    def _answered(self, features: Any, request: PreparedRequest, replies: list) -> bytes:
+        """Feast's JSON answer; one plain row is written straight from the replies, with no columns built."""
+        written = request.answer_json(replies)
+        if written is not None:
+            if self.count_served:
+                self.stats.served.count(written[1])
+            if self.drift is not None and self.drift.sampling():
+                self.drift.offer(features, request.finish(replies))
+            return written[0]
+        response = request.finish(replies)
+        if self.count_served:
+            self.stats.served.count(response.views)
+        if self.drift is not None:
+            self.drift.offer(features, response)
+        return orjson.dumps(response.to_feast_response())
 
     async def _call(self, what: str, call: Callable[[AsyncOnlineClient], Awaitable[bytes]]) -> Reply:
         """200 and the payload `call` makes with the client; 503 while starting or when Redis or Kafka is away,

@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 import httptools
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -42,7 +43,7 @@ sampled_ranking = FeatureService("sampled_ranking", features=[asset_activity[["v
                                  logging=FeatureLogging(sample_rate=0.5))
 """
 STATUS = {"PRESENT": 1, "NULL_VALUE": 2, "NOT_FOUND": 3, "OUTSIDE_MAX_AGE": 4}
-ENTITY_LISTS = [["a1"], ["a1", "a2", "zz", "old"], ["old", "a1"], ["zz"]]
+ENTITY_LISTS = [["a1"], ["a1", "a2", "zz", "old"], ["old", "a1"], ["zz"], ["old"], ["a2"]]  # one row: the fast path
 
 
 def _repo(folder: Path, project: str, redis_port: int, logging: dict) -> tuple[Path, object]:
@@ -225,12 +226,12 @@ def test_a_full_queue_drops_and_counts_vectors_never_requests(tmp_path):
         redis_server.stop()
 
 
-def _answer(value: float) -> dict:
+def _answer(value: float) -> bytes:
     """The answer the server sends for one entity row of one float feature."""
     stamp = encode_timestamp(int(dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc).timestamp() * 1000))
     response = OnlineFeatures({"asset_id": ["a1"]}, ["views"], {"views": [value]}, {"views": ValueType.FLOAT64},
                               {"views": ViewRows([stamp], [], [])})
-    return response.to_feast_response()
+    return orjson.dumps(response.to_feast_response())
 
 
 def _spec(path: Path) -> LogSpec:
@@ -247,15 +248,15 @@ def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_
     blocked.write_text("not a folder")
     log = FeatureLogger(FeatureLogSettings(queue_rows=3, flush_s=3600), stats)
     for value in range(5):  # no writer thread yet: the queue fills, the rest is dropped at once
-        log.offer(_spec(blocked / "logs"), _answer(value), f"r{value}")
+        log.offer(_spec(blocked / "logs"), _answer(value), 1, f"r{value}")
     assert (stats.feature_log["svc"].logged, stats.feature_log["svc"].dropped, stats.log_queued) == (3, 2, 3)
     log.start()
     log.close()  # cannot create its folder under a file: counted, not raised
     assert (stats.feature_log["svc"].failed, stats.feature_log["svc"].written) == (3, 0)
     good = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
     good.start()
-    good.offer(_spec(tmp_path / "logs"), _answer(7.5), None)
-    good.offer(_spec(tmp_path / "logs"), _answer(float("inf")), None)  # "Infinity" in the JSON answer
+    good.offer(_spec(tmp_path / "logs"), _answer(7.5), 1, None)
+    good.offer(_spec(tmp_path / "logs"), _answer(float("inf")), 1, None)  # "Infinity" in the JSON answer
     good.close()
     rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
     assert [(r["asset_id"], r["v__views"], r["v__views__status"]) for r in rows] == [("a1", 7.5, 1),
@@ -270,3 +271,22 @@ def test_a_request_id_the_server_would_not_echo_is_replaced(served, given):
     status, _, logged_id = _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
                                  given.encode().decode("latin-1"))
     assert status == 200 and logged_id and logged_id != given and " " not in logged_id and len(logged_id) < 64
+
+
+def test_an_answer_of_another_shape_fails_alone(tmp_path):
+    """The writer thread parses the answers: one that does not fit its service (the catalog changed under the
+    plan) is counted as failed, and the answers beside it are written."""
+    stats = ServerStats()
+    spec = _spec(tmp_path / "logs")
+    wider = orjson.loads(_answer(2.0))
+    wider["metadata"]["feature_names"].append("other")
+    wider["results"].append(wider["results"][-1])
+    log = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
+    log.offer(spec, _answer(1.0), 1, "fits")
+    log.offer(spec, orjson.dumps(wider), 1, "wider")
+    log.start()
+    log.close()
+    counts = stats.feature_log["svc"]
+    assert (counts.logged, counts.failed, counts.written) == (2, 1, 1)
+    rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
+    assert [(r["__request_id"], r["v__views"]) for r in rows] == [("fits", 1.0)]

@@ -2,7 +2,8 @@
 
 A scratch project gets `--vectors` embeddings of `--dim` floats (clustered, as real embeddings are: `--clusters`
 Gaussian clusters) materialized the usual way: values into Redis in Feast's layout, vectors into the Milvus index
-(`serving.vector_index`, Milvus Lite unless `--uri`). Then the same `--queries` queries (after a warm-up) go
+(`serving.vector_index`, Milvus Lite unless `--uri`; `--index-type` overrides the configured index). Then the same
+`--queries` queries (after a warm-up; held-out draws of the same clusters) go
 through `client.search(view:feature, vector, k, features=[category])`, which answers ids, distances and a Redis
 feature, and through Feast's own `FeatureStore.retrieve_online_documents_v2` on the same index. Per side: p50/p99
 per query and recall@k against numpy's exact search. The scratch Redis keys and Milvus collection are removed.
@@ -36,6 +37,10 @@ WARMUP = 50
 
 
 def _embeddings(rows: int, dim: int, clusters: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """`rows` vectors around `clusters` Gaussian centres with their cluster numbers; `clusters` 0: one isotropic
+    Gaussian (the hard case for a partitioned index), all of cluster 0."""
+    if clusters == 0:
+        return rng.normal(size=(rows, dim)).astype(np.float32), np.zeros(rows, dtype=np.int64)
     centers = rng.normal(size=(clusters, dim)).astype(np.float32)
     labels = rng.integers(0, clusters, rows)
     return (centers[labels] + 0.35 * rng.normal(size=(rows, dim))).astype(np.float32), labels
@@ -86,7 +91,8 @@ def _forget_keys(host_port: tuple[str, int]) -> None:
         client.delete(*keys[lo:lo + 10_000])
 
 
-def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int) -> dict:
+def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
+        index_type: Optional[str] = None) -> dict:
     from batch.materialize import materialize_view
     from common.config import load_config
     from dsl.repo import load_repo
@@ -99,12 +105,14 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         scratch = Path(tmp)
         platform = {"state_dir": str(scratch / "state"), "data_dir": str(scratch / "data"),
-                    "vectors": {"uri": uri} if uri else {}}
+                    "vectors": {**({"uri": uri} if uri else {}), **({"index_type": index_type} if index_type else {})}}
         repo = bench_repo(scratch, PROJECT, DEFINITIONS.format(dim=dim), platform)
         apply_repo(repo)
         cfg = load_config(repo)
         view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
-        vectors, labels = _embeddings(vectors_n, dim, clusters, rng)
+        # the queries are held-out draws of the same clusters as the indexed vectors, as queries of real embeddings are
+        drawn, labels = _embeddings(vectors_n + WARMUP + queries_n, dim, clusters, rng)
+        vectors, labels, queries = drawn[:vectors_n], labels[:vectors_n], drawn[vectors_n:]
         offline = _offline_table(scratch / "offline", vectors, labels, dim)
         index = VectorIndex(cfg)
         started = time.perf_counter()
@@ -113,7 +121,6 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
                          on_written=lambda table: index.write_table(view, table))
         load_s = time.perf_counter() - started
         click.echo(f"materialized {vectors_n:,} rows into Redis and the index in {load_s:.1f}s", err=True)
-        queries = _embeddings(WARMUP + queries_n, dim, clusters, np.random.default_rng(seed + 1))[0]
         names = np.array([f"asset_{i:06d}" for i in range(vectors_n)])
         exact = [names[np.argsort(((vectors - q) ** 2).sum(axis=1))[:k]].tolist() for q in queries[WARMUP:]]
         try:
@@ -140,10 +147,14 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
 @click.option("--dim", default=128, show_default=True)
 @click.option("-k", "k", default=10, show_default=True, help="neighbours per query")
 @click.option("--queries", "queries_n", default=1000, show_default=True, help="timed queries per side")
-@click.option("--clusters", default=256, show_default=True, help="Gaussian clusters the embeddings come from")
+@click.option("--clusters", default=256, show_default=True,
+              help="Gaussian clusters the embeddings and queries come from; 0: one isotropic Gaussian")
 @click.option("--uri", default=None, help="a Milvus server instead of Milvus Lite, e.g. http://127.0.0.1:19530")
 @click.option("--seed", default=7, show_default=True)
-def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int) -> None:
+@click.option("--index-type", default=None, help="Milvus index instead of `platform.vectors.index_type`'s default, "
+                                                 "e.g. IVF_FLAT")
+def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
+            index_type: Optional[str]) -> None:
     """Search: our SDK's p50/p99 and recall@k beside Feast's retrieve_online_documents_v2 on the same index."""
-    out = run(vectors_n, dim, k, queries_n, clusters, uri, seed)
+    out = run(vectors_n, dim, k, queries_n, clusters, uri, seed, index_type)
     emit("search", out["ours"], out["peer"], out["params"])

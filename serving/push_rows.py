@@ -97,11 +97,27 @@ def _vector_problem(value: Any, kind: Vector) -> str:
         return f"{kind.value} takes a list of {kind.dim} numbers, not {type(value).__name__} {shown(value)}"
     if len(value) != kind.dim:
         return f"{kind.value} takes a list of {kind.dim} numbers, got {len(value)}: the dimension does not match"
+    if _plain_float32s(value):
+        return ""
     for i, number in enumerate(value):
         problem = _problem(number, ValueType.FLOAT32)
         if problem:
             return f"element {i}: {problem}"
     return ""
+
+
+def _plain_float32s(value: Sequence[Any]) -> bool:
+    """Whether every element is an int or float that is finite and within float32's range, checked in C (numpy):
+    the common case, which the element-by-element check (and its message) is only needed to refute."""
+    import numpy as np
+
+    if not set(map(type, value)) <= {int, float}:
+        return False
+    try:
+        magnitudes = np.abs(np.asarray(value, dtype=np.float64))
+    except OverflowError:
+        return False
+    return bool((magnitudes <= _FLOAT32_MAX).all())
 
 
 def _problem(value: Any, kind: FeatureType) -> str:

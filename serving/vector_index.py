@@ -23,6 +23,10 @@ from redis_store.layout import KeyEncoder
 from serving.errors import RequestError
 
 LITE_FILE = "vectors.db"
+# Rows per insert call. Milvus Lite 2.5's insert time grows faster than the rows of a call (on the 2-core host:
+# 0.17 ms a row at 1,000 to 5,000 rows, 0.3 at 10,000, over 2.5 at 16,384, materialize's batch), so a batch is
+# sent in slices of this size: 100,000 vectors of dim 128 load in about 20 s instead of 9 to 12 min.
+INSERT_ROWS = 1000
 
 
 class VectorSearchError(RequestError):
@@ -128,9 +132,11 @@ class VectorIndex:
         collection, pk = self._collection(view)
         rows = [{pk: key, **record} for key, record in records.items()]
         client = self.client()
-        with self._lock:
-            client.delete(collection_name=collection, ids=list(records))
-            client.insert(collection_name=collection, data=rows)
+        for lo in range(0, len(rows), INSERT_ROWS):
+            part = rows[lo:lo + INSERT_ROWS]
+            with self._lock:
+                client.delete(collection_name=collection, ids=[row[pk] for row in part])
+                client.insert(collection_name=collection, data=part)
         return len(rows)
 
     def _collection(self, view: FeatureView) -> tuple[str, str]:

@@ -81,7 +81,7 @@ def _figures(side: dict) -> dict:
             "http_load_p50_ms": round(marks["p50"], 3), "http_load_p99_ms": round(marks["p99"], 3),
             "http_load_p999_ms": round(marks["p99.9"], 3),
             "http_load_segment_p99_median_ms": round(float(np.median(side["p99s"])), 3),
-            "cpu_per_request_us": round(side["cpu_s"] / max(1, side["ok"]) * 1e6, 1)}
+            "cpu_us_per_request": round(side["cpu_s"] / max(1, side["ok"]) * 1e6, 1)}
 
 
 def _written(folder: Path) -> tuple[int, int, int]:

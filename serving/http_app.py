@@ -3,7 +3,8 @@
 
 No web framework on the hot path: a request is routed by a dict lookup, parsed by orjson, checked by hand
 (so every bad input gets a 400 naming the problem, never a 500), served by `AsyncOnlineClient` and timed into
-log-linear histograms. Redis failures become 503 within the client's timeout. With API keys on
+log-linear histograms; a one-row read is answered from the Redis reply's callback (`answer_soon`), with no task or
+coroutine per request. Redis failures become 503 within the client's timeout. With API keys on
 (`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open. A feature
 service with logging gets the columns of a sample of its answers queued for `serving.feature_log` (the answer then
 carries `x-request-id`).
@@ -107,8 +108,9 @@ class FeatureServer:
     """One per worker process; `make_client` runs at startup (it reads the registry).
 
     `respond(method, path, body)` is the whole server: routing, parsing, serving, timing. The HTTP connection
-    code (`serving.http_protocol`) calls it directly, under the limits of `http` and `max_body_bytes`; `__call__`
-    is the ASGI face, used for lifespan events and by any other ASGI server.
+    code (`serving.http_protocol`) calls it directly, under the limits of `http` and `max_body_bytes`, after
+    `answer_soon` (the same answers for one-row reads, from a callback) declined; `__call__` is the ASGI face,
+    used for lifespan events and by any other ASGI server.
     """
 
     max_body_bytes = MAX_BODY_BYTES

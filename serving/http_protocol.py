@@ -2,7 +2,8 @@
 the app's `respond`, one write per response, and the limits that keep one client from holding a server.
 
 An app is any object with `respond(method, path, body, api_key, request_id) -> (status, payload, content type,
-headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`). Of the request headers only the API key
+headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`); one that also has `answer_soon` (the feature
+server) may answer a request from a callback instead, with no task per request. Of the request headers only the API key
 (`Authorization: Bearer`, `X-API-Key`), `X-Request-ID` (1 to 128 visible ASCII characters, else ignored) and
 `Expect` are kept: the others are never copied into Python objects, so a header costs one comparison.
 

@@ -72,7 +72,7 @@ def figures(side: dict) -> dict:
             "http_load_p999_ms": round(marks["p99.9"], 3),
             MEDIAN_P50: round(float(np.median(side["p50s"])), 3), MEDIAN_P99: round(float(np.median(side["p99s"])), 3),
             "http_load_segment_p99_iqr_ms": round(float(np.subtract(*np.percentile(side["p99s"], [75, 25]))), 3),
-            "cpu_per_request_us": round(side["cpu_s"] / max(1, side["ok"]) * 1e6, 1)}
+            "cpu_us_per_request": round(side["cpu_s"] / max(1, side["ok"]) * 1e6, 1)}
 
 
 def differences(ours: dict, peer: dict) -> dict:
@@ -80,7 +80,7 @@ def differences(ours: dict, peer: dict) -> dict:
     return {"p99_delta_ms": round(ours["http_load_p99_ms"] - peer["http_load_p99_ms"], 3),
             "segment_p50_median_delta_ms": round(ours[MEDIAN_P50] - peer[MEDIAN_P50], 3),
             "segment_p99_median_delta_ms": round(ours[MEDIAN_P99] - peer[MEDIAN_P99], 3),
-            "cpu_per_request_delta_us": round(ours["cpu_per_request_us"] - peer["cpu_per_request_us"], 1)}
+            "cpu_us_per_request_delta": round(ours["cpu_us_per_request"] - peer["cpu_us_per_request"], 1)}
 
 
 def _even(ctx: click.Context, param: click.Parameter, segments: int) -> int:

@@ -11,8 +11,8 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
 - HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every
   1,000 requests), sequential 1 and 100 entities, then an open-loop load of `--rate` requests/s for
   `--load-seconds` from a separate process (`bench/_http_load.py`), first ours then Feast's; the server's CPU
-  (user + system, its workers included) over that phase per request answered is `cpu_per_request_us`, and
-  Redis's (`INFO cpu`; anything else using that Redis in the same seconds counts too) `redis_cpu_per_request_us`.
+  (user + system, its workers included) over that phase per request answered is `cpu_us_per_request`, and
+  Redis's (`INFO cpu`; anything else using that Redis in the same seconds counts too) `redis_cpu_us_per_request`.
   Then each side climbs `--rate-steps` (`--step-seconds` each) until two steps in a row miss: `held_rate_per_s`,
   the highest rate one worker held with 0 errors and P99 <= 10 ms (the generator shares the host's cores), and
   `held_rate_steps`, what each step measured.
@@ -247,7 +247,7 @@ def _http(repo: Path, features: list[str], ids: list[str], requests: int, batche
                 out[side]["held_rate_per_s"], out[side]["held_rate_steps"] = _held_rate(port, bodies_file, steps,
                                                                                           step_seconds)
             out[side].update({"http_load_rps": result["rps"], "http_load_errors": result["errors"],
-                              "cpu_per_request_us": round(cpu_us, 1), "redis_cpu_per_request_us": round(redis_us, 1),
+                              "cpu_us_per_request": round(cpu_us, 1), "redis_cpu_us_per_request": round(redis_us, 1),
                               **{f"http_load_{k}": result[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms")}})
     for side in out.values():
         side["http_load_p999_ms"] = side.pop("http_load_p99.9_ms")

@@ -308,10 +308,13 @@ class AsyncNode:
         self._protocol: Optional[_ReplyProtocol] = None
         self._connecting: Optional[asyncio.Future] = None
 
-    async def _connection(self) -> _ReplyProtocol:
+    def is_open(self) -> bool:
         protocol = self._protocol
-        if protocol is not None and not protocol.lost and not protocol.transport.is_closing():  # type: ignore
-            return protocol
+        return protocol is not None and not protocol.lost and not protocol.transport.is_closing()  # type: ignore
+
+    async def _connection(self) -> _ReplyProtocol:
+        if self.is_open():
+            return self._protocol  # type: ignore[return-value]
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._connect())
         connecting = self._connecting
@@ -341,6 +344,11 @@ class AsyncNode:
                 raise
         self._protocol = protocol
         return protocol
+
+    def submit(self, commands: list[bytes]) -> asyncio.Future:
+        """The future of the replies to `commands` (not checked: `check_replies`) with no coroutine or task on the
+        way; only while the connection `is_open` (`execute` opens one)."""
+        return self._protocol.request(commands)  # type: ignore[union-attr]
 
     async def execute(self, commands: list[bytes]) -> list:
         return await (await self._connection()).request(commands)

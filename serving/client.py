@@ -206,6 +206,16 @@ class AsyncOnlineClient(_ClientCore):
         request = self.prepare(features, entity_rows, full_feature_names)
         return request, await self.redis.read(request.keys, request.commands) if request.commands else []
 
+    def reads_soon(self) -> bool:
+        """Whether `read_soon` may be called now: one node (no cluster) whose connection is open."""
+        redis = self.redis
+        return isinstance(redis, AsyncNode) and redis.is_open()
+
+    def read_soon(self, request: PreparedRequest) -> asyncio.Future:
+        """The future of a prepared request's replies, for callers that answer from a callback rather than a
+        coroutine (they check the replies: `redis_store.node.check_replies`); only while `reads_soon()`."""
+        return self.redis.submit(request.commands)  # type: ignore[union-attr]
+
     @overload
     async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
                            output: Literal["dict"] = ...) -> dict[str, list[Any]]: ...

@@ -2,7 +2,8 @@
 the app's `respond`, one write per response, and the limits that keep one client from holding a server.
 
 An app is any object with `respond(method, path, body, api_key, request_id) -> (status, payload, content type,
-headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`). Of the request headers only the API key
+headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`); one that also has `answer_soon` (the feature
+server) may answer a request from a callback instead, with no task per request. Of the request headers only the API key
 (`Authorization: Bearer`, `X-API-Key`), `X-Request-ID` (1 to 128 visible ASCII characters, else ignored) and
 `Expect` are kept: the others are never copied into Python objects, so a header costs one comparison.
 
@@ -60,6 +61,7 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, config: Any, server_state: Any, app_state: Any = None,
                  _loop: Optional[asyncio.AbstractEventLoop] = None):
         self.app = _served_app(config.loaded_app)
+        self.answer_soon = getattr(self.app, "answer_soon", None)  # what it answers without a task, if anything
         limits = self.app.http
         self.max_url, self.max_head, self.max_headers = limits.max_url_bytes, limits.max_header_bytes, \
             limits.max_headers
@@ -191,12 +193,34 @@ class HttpProtocol(asyncio.Protocol):
             self._flow()
         if not self.busy:
             self.busy = True
-            self.loop.create_task(self._answer())
+            if not self._answer_soon():
+                self.loop.create_task(self._answer())
 
     # responses
-    async def _answer(self) -> None:
-        """Answer the pending requests of this connection in order, each with one write."""
+    def _answer_soon(self) -> bool:
+        """Hand the first pending request to the app's `answer_soon` (the feature server's one-row reads: answered
+        from a callback, with no task); False when the app leaves it to `_answer`."""
+        method, url, body, _, api_key, _ = self.pending[0]
+        return self.answer_soon is not None and method is not None and self.writable is None \
+            and self.answer_soon(method, url, body, api_key, self._answered_soon)
+
+    def _answered_soon(self, answer: tuple) -> None:
+        """Write what `answer_soon` answered, then go on with the requests that came meanwhile."""
+        method, _, _, keep_alive, _, _ = self.pending.popleft()
+        if self.read_paused:
+            self._flow()
+        if self._write(method, keep_alive, *answer) and (self.pending or self.writable is not None):
+            self.loop.create_task(self._answer(written=True))
+            return
+        self.busy = False
+        self.idle_since = self.loop.time()
+
+    async def _answer(self, written: bool = False) -> None:
+        """Answer the pending requests of this connection in order, each with one write; `written`: an answer was
+        just written (by `_answered_soon`)."""
         transport = self.transport
+        if written and self.writable is not None:  # the client reads slower than we answer: wait for it
+            await self.writable
         while self.pending and not transport.is_closing():  # type: ignore[union-attr]
             method, url, body, keep_alive, api_key, request_id = self.pending.popleft()
             if self.read_paused:
@@ -211,18 +235,25 @@ class HttpProtocol(asyncio.Protocol):
                     JSON, ()
             else:
                 status, payload, kind, headers = await self.app.respond(method, path, body, api_key, request_id)
-            if transport.is_closing():  # type: ignore[union-attr]
-                break  # the client went away while we were answering
-            close = not keep_alive or self.closing
-            transport.write(_head(status, kind, len(payload), close, headers)  # type: ignore[union-attr]
-                            + (b"" if method == "HEAD" else payload))
-            if close:
-                transport.close()  # type: ignore[union-attr]
+            if not self._write(method, keep_alive, status, payload, kind, headers):
                 break
             if self.writable is not None:  # the client reads slower than we answer: wait for it
                 await self.writable
         self.busy = False
         self.idle_since = self.loop.time()
+
+    def _write(self, method: str, keep_alive: bool, status: int, payload: bytes, kind: bytes, headers) -> bool:
+        """One response in one write; False when the connection ends (closed after it, or by the client while
+        we were answering)."""
+        transport = self.transport
+        if transport.is_closing():  # type: ignore[union-attr]
+            return False
+        close = not keep_alive or self.closing
+        transport.write(_head(status, kind, len(payload), close, headers)  # type: ignore[union-attr]
+                        + (b"" if method == "HEAD" else payload))
+        if close:
+            transport.close()  # type: ignore[union-attr]
+        return not close
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         """Queue a JSON error after the answers owed, then stop parsing this connection."""

@@ -12,9 +12,9 @@ from cli_helpers import featurectl
 
 METRICS = {"http_load_rps", "http_load_errors", "http_load_p50_ms", "http_load_p99_ms", "http_load_p999_ms",
            "http_load_segment_p50_median_ms", "http_load_segment_p99_median_ms", "http_load_segment_p99_iqr_ms",
-           "cpu_per_request_us"}
+           "cpu_us_per_request"}
 DIFFERENCES = {"p99_delta_ms", "segment_p50_median_delta_ms", "segment_p99_median_delta_ms",
-               "cpu_per_request_delta_us"}
+               "cpu_us_per_request_delta"}
 
 
 def test_an_odd_number_of_segments_is_refused_before_any_work():
@@ -31,7 +31,7 @@ def test_monitoring_benchmark_line(local_services):
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["bench"] == "monitoring" and set(line["peer"]) == METRICS
     assert set(line["ours"]) == METRICS | DIFFERENCES
-    assert {"http_load_rps", "http_load_p99_ms", "http_load_segment_p99_median_ms", "cpu_per_request_us"} <= set(
+    assert {"http_load_rps", "http_load_p99_ms", "http_load_segment_p99_median_ms", "cpu_us_per_request"} <= set(
         line["ratio"])
     assert line["ours"]["http_load_errors"] == line["peer"]["http_load_errors"] == 0
     assert line["ours"]["http_load_rps"] > 0 and line["peer"]["http_load_rps"] > 0

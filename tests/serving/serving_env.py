@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from cli_helpers import cli_server, copy_example_repo, register_repo
+from featurectl.services.scratch_redis import RedisServer
 
 
 def make_repo(folder: Path, project: str, connection_string: str, redis_type: str = "redis"):
@@ -30,6 +31,20 @@ def feast_rows(store, view_name: str, values: dict[str, dict], event_time: Optio
     frame = pd.DataFrame({"asset_id": list(values), "event_timestamp": [when] * len(values),
                           **{f.name: [row.get(f.name) for row in values.values()] for f in view.features}})
     store.write_to_online_store(view_name, frame)
+
+
+@contextlib.contextmanager
+def scratch_repo(folder: Path, project: str) -> Iterator[tuple[Path, object, RedisServer]]:
+    """The example repo on a redis-server of its own holding asset `a1` (views_1h 4, dwell_ms_mean_1h 2.5,
+    category chair): (repo, Feast's store, the server); the server stops when the block ends."""
+    redis_server = RedisServer(folder)
+    try:
+        repo, store = make_repo(folder, project, f"127.0.0.1:{redis_server.port}")
+        feast_rows(store, "asset_activity", {"a1": {"views_1h": 4, "dwell_ms_mean_1h": 2.5}})
+        feast_rows(store, "asset_attributes", {"a1": {"category": "chair"}})
+        yield repo, store, redis_server
+    finally:
+        redis_server.stop()
 
 
 @contextlib.contextmanager

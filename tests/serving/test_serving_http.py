@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import free_port
 from featurectl.services.scratch_redis import RedisServer
-from serving_env import feast_rows, feature_server, get, make_repo, post
+from serving_env import feature_server, get, post, scratch_repo
 
 pytestmark = pytest.mark.integration
 
@@ -35,16 +35,9 @@ class Served:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("http")
-    redis_server = RedisServer(folder)
-    try:
-        repo, store = make_repo(folder, f"servinghttp{os.getpid()}", f"127.0.0.1:{redis_server.port}")
-        feast_rows(store, "asset_activity", {"a1": {"views_1h": 4, "dwell_ms_mean_1h": 2.5}})
-        feast_rows(store, "asset_attributes", {"a1": {"category": "chair"}})
+    with scratch_repo(tmp_path_factory.mktemp("http"), f"servinghttp{os.getpid()}") as (repo, store, redis_server):
         with feature_server(repo, free_port(), "--timeout", str(TIMEOUT_S)) as url:
             yield Served(url, redis_server, store, repo)
-    finally:
-        redis_server.stop()
 
 
 def test_features_come_back_in_feast_shape_and_request_order(server):

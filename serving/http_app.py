@@ -230,7 +230,8 @@ class FeatureServer:
         try:
             replies = check_replies(done.result(), self.client.redis.where)  # type: ignore[union-attr]
             payload, views = request.answer_json(replies)
-            stats.served.count(views)
+            if self.count_served:
+                stats.served.count(views)
             if self.drift is not None and self.drift.sampling():
                 self.drift.offer(features, request.finish(replies))
             status, kind = 200, JSON

@@ -311,3 +311,6 @@ def test_backfill_errors_say_what_to_do(example_repo, tmp_path):
         backfill(example_repo.views, day, day, target)
     with pytest.raises(BackfillError, match="no time zone"):
         backfill(example_repo.views, day.replace(tzinfo=None), day + dt.timedelta(days=1), target)
+    with pytest.raises(BackfillError, match="nothing to backfill: `asset_geometry` read asset sources without "
+                                            "derived assets; run `featurectl assets process` first"):
+        backfill([example_repo.view("asset_geometry")], day, day + dt.timedelta(days=1), target)

@@ -7,6 +7,8 @@
 3. Each view's written rows are checked against its expectations and profiled (`batch.quality`), then the range
    is recorded in the registry database (`batch.backfill_log`), with the version of each view that computed it
    (`dsl.view_version`), which `materialize` checks against the applied one, as it checks the quality record.
+Views over an asset source that `featurectl assets process` has not written yet are left out, with a warning:
+that command, not outside data, makes their history.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from common.flink import create_table_env
 from common.instants import check_range, format_epoch_ms
 from common.quality_log import QualityRecord
 from common.storage import Storage
+from dsl.assets import AssetSource
 from dsl.compile_feast import offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.feature_view import FeatureView
@@ -117,6 +120,7 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     check_range(start, end)
     if not views:
         raise BackfillError("no feature views to backfill: define some, or name them with --view")
+    views = _with_history(views, target.data_dir)
     progress = progress or _Silent()
     settings = SourceSettings(target.bootstrap_servers, target.data_dir)
     compiled = [compile_view(v, settings) for v in views]
@@ -141,6 +145,22 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     _record(summary, target)
     summary.seconds = time.monotonic() - began
     return summary
+
+
+def _with_history(views: Sequence[FeatureView], data_dir: Path) -> list[FeatureView]:
+    """`views` less those over an asset source without history yet (warned about); none left is an error."""
+    kept, waiting = [], []
+    for view in views:
+        folder = source_path(view.source, data_dir)
+        unwritten = isinstance(view.source, AssetSource) and not any(folder.glob("*.parquet"))
+        (waiting if unwritten else kept).append(view)
+    for view in waiting:
+        log.warning("view `%s` is left out: asset source `%s` has no derived assets yet; run `featurectl assets "
+                    "process` first", view.name, view.source.name)
+    if not kept:
+        raise BackfillError(f"nothing to backfill: {', '.join(f'`{v.name}`' for v in waiting)} read asset sources "
+                            "without derived assets; run `featurectl assets process` first")
+    return kept
 
 
 def _scratch(target: BackfillTarget) -> Storage:

@@ -5,6 +5,8 @@ that lie outside the range are carried over into the staged partition; then each
 in by two renames. So re-running a range replaces it and never duplicates it, rows outside it survive, and a
 reader sees the old or the new partition of a date, never a mix (between the two renames, briefly, neither).
 Staged and retired folders start with a dot, which Arrow's dataset discovery (and so Feast's and ours) skips.
+A vector feature (Arrow's fixed-size list) is stored as a variable-size list with NULLs of length 0: Parquet has
+no fixed-size list anyway, and pyarrow 16 cannot write a NULL one (as a vector is once it outlives the ttl).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class RangeWriter:
     def _stage(self, day: int, rows: pa.Table, name: str) -> None:
         folder = self.staging / partition_name(day)
         folder.mkdir(exist_ok=True)
-        pq.write_table(rows, folder / name)
+        pq.write_table(storable(rows), folder / name)
         self.stats.files += 1
 
     def _rows_outside_range(self, day: int) -> pa.Table | None:
@@ -117,6 +119,20 @@ class RangeWriter:
         ts = table.column(EVENT_TIMESTAMP).cast(pa.int64())
         outside = pc.or_(pc.less(ts, self.start_ms), pc.greater_equal(ts, self.end_ms))
         return _conform(table.filter(outside), self.schema, partition)
+
+
+def storable(table: pa.Table) -> pa.Table:
+    """`table` with each fixed-size list column as a variable-size list whose NULL rows hold no values."""
+    for index, field in enumerate(table.schema):
+        if pa.types.is_fixed_size_list(field.type):
+            column = table.column(index).combine_chunks()
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            lengths = np.where(valid, field.type.list_size, 0)
+            offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+            values = column.filter(pa.array(valid)).flatten()
+            stored = pa.ListArray.from_arrays(offsets, values, mask=pa.array(~valid))
+            table = table.set_column(index, pa.field(field.name, stored.type, field.nullable), stored)
+    return table
 
 
 def _conform(table: pa.Table, schema: pa.Schema, where: Path) -> pa.Table:

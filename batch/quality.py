@@ -14,7 +14,7 @@ The profile of each feature (`common.feature_profile`) weighs each row by the ti
 to the entity's next row, or to the range's end, at most the view's ttl. It is the distribution of the feature
 at a uniformly random instant of the range (what a training set of rows spread over the range sees), where
 counting rows would let the entities that change most often (popular assets, whose windows move every tile)
-outweigh the rest.
+outweigh the rest. Vector features get a null rate but no profile: a histogram of whole embeddings says nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from common.quality_log import CheckResult, QualityRecord
 from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
 from dsl.expectations import AllowedValues, Expectation, InRange, MaxChange, NotNullRate
 from dsl.feature_view import FeatureView
-from dsl.types import ValueType
+from dsl.types import ValueType, Vector
 
 SAMPLE_ROWS = 5
 
@@ -159,6 +159,8 @@ def holding_weights(table: pa.Table, keys: list[str], end_ms: int, ttl_ms: int) 
 def _profiles(table: pa.Table, view: FeatureView, weights: np.ndarray) -> dict[str, FeatureProfile]:
     out = {}
     for name, kind in view.output_schema().items():
+        if isinstance(kind, Vector):
+            continue
         column = table.column(name)
         keep = _present(column) & (weights > 0)
         if not keep.any():

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, Int64,
-                 RequestFields, String, Timestamp, col, on_demand)
+from dsl import (MESH_FEATURES, Aggregation, AssetSource, Attribute, Entity, EventSource, FeatureService, FeatureView,
+                 Float64, Int64, RequestFields, ShapeDescriptor, String, Timestamp, col, on_demand)
 from dsl import AllowedValues, InRange, NotNullRate  # data-quality expectations
 
 asset = Entity("asset", join_keys={"asset_id": String}, description="a 3D asset in the catalog")
@@ -97,6 +97,25 @@ user_activity = FeatureView(
     description="how active each user is",
 )
 
+
+# The meshes themselves: `featurectl datagen assets N` writes them and their list, `featurectl assets process`
+# derives each changed one on Ray into this source's history and the view's offline table (then materializes it).
+asset_meshes = AssetSource(
+    name="asset_meshes",
+    assets="assets/assets.parquet",
+    embedding=ShapeDescriptor(bins=64),
+    description="3D asset files, one row per derived version",
+)
+
+asset_geometry = FeatureView(
+    name="asset_geometry",
+    entity=asset,
+    source=asset_meshes,
+    tile="1h",
+    ttl="3650d",
+    features=[Attribute(c) for c in ["category", *MESH_FEATURES, "shape_d2"]],
+    description="measured from each asset's mesh, with its D2 shape embedding (`featurectl assets similar`)",
+)
 
 
 @on_demand(sources=[asset_activity[["likes_24h", "views_24h"]], asset_attributes[["bbox_x", "bbox_y", "bbox_z"]]],

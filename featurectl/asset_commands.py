@@ -40,12 +40,14 @@ def _target(cfg):
 
 
 def _materialize(cfg, views, written: dict[str, tuple[int, int]]) -> None:
-    """Each online view's written range into Redis, recorded in the registry when the view is applied."""
+    """Each online view's written range into Redis (and its vectors into the vector index), recorded in the
+    registry when the view is applied."""
     from feast import FeatureStore
     from feast.errors import FeatureViewNotFoundException
 
     from batch.materialize import materialize_view
     from dsl.compile_feast import offline_table_path
+    from featurectl.materialize_commands import vector_sink
     from redis_store.settings import RedisSettings
 
     store = FeatureStore(config=cfg.feast_repo_config())
@@ -60,7 +62,8 @@ def _materialize(cfg, views, written: dict[str, tuple[int, int]]) -> None:
             continue
         start, end = (dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc) for ms in written[view.name])
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
-                                 offline_table_path(cfg.data_dir, view), start, end, key_ttl_s=cfg.key_ttl_seconds)
+                                 offline_table_path(cfg.data_dir, view), start, end, key_ttl_s=cfg.key_ttl_seconds,
+                                 on_written=vector_sink(cfg, view))
         store.registry.apply_materialization(feast_view, cfg.project, start, end, commit=True)
         click.echo(f"{view.name}: materialized {stats.entities_written:,} assets into Redis")
 

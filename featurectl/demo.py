@@ -8,6 +8,11 @@ import time
 import click
 
 
+GEOMETRY_VIEW = "asset_geometry"  # the example repo's view of mesh features and the D2 embedding
+SIMILAR = 5
+SIMILAR_TO = "asset_000000"
+
+
 def _step(title: str) -> None:
     click.secho(f"\n== {title}", fg="green", bold=True)
 
@@ -17,12 +22,15 @@ def _step(title: str) -> None:
 @click.option("--events-per-day", default=50_000, show_default=True)
 @click.option("--live-seconds", default=15.0, show_default=True, help="how long live events are streamed")
 @click.option("--live-rate", default=200.0, show_default=True, help="live events per second")
+@click.option("--meshes", default=60, show_default=True, type=click.IntRange(min=SIMILAR + 1),
+              help="asset meshes written and derived on Ray")
 @click.pass_context
-def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds: float, live_rate: float) -> None:
-    """Start the services, generate data, plan and apply the example repo, run a batch tile query, backfill and
-    materialize, stream live events and watch online values change, generate a mesh conditioned on an asset's
-    features."""
-    from featurectl import datagen, repo_commands, services
+def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds: float, live_rate: float,
+         meshes: int) -> None:
+    """Start the services, generate data, plan and apply the example repo, derive asset meshes on Ray and search
+    them by shape, run a batch tile query, backfill and materialize, stream live events and watch online values
+    change, generate a mesh conditioned on an asset's features and find the assets nearest its shape."""
+    from featurectl import asset_commands, datagen, repo_commands, services, similar_commands
 
     ctx = click_ctx.obj
     _step("services")
@@ -33,6 +41,11 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds:
     click_ctx.invoke(repo_commands.plan, sql=False)
     _step("apply")
     click_ctx.invoke(repo_commands.apply)
+    _step(f"assets: {meshes} meshes derived on Ray (trimesh measures, D2 shape embedding) into Redis and Milvus")
+    click_ctx.invoke(datagen.assets, n=meshes, out=None, seed=7)
+    click_ctx.invoke(asset_commands.process, source_name=None, address=None, workers=2, materialize=True)
+    _step(f"search: the {SIMILAR} assets most similar in shape to {SIMILAR_TO}")
+    click_ctx.invoke(similar_commands.similar, entity_id=SIMILAR_TO, k=SIMILAR, view_name=None)
     _step("batch: tiles of asset_activity from the Parquet history (Flink batch mode)")
     _show_tiles(ctx.config())
     _step("backfill the offline feature tables, materialize the latest values into Redis")
@@ -54,7 +67,32 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds:
     from featurectl.generate_commands import demo_generation
 
     cfg = ctx.config()
-    demo_generation(cfg, out=cfg.state_dir / "demo_asset.glb")
+    generated = demo_generation(cfg, out=cfg.state_dir / "demo_asset.glb")
+    _step(f"search: the {SIMILAR} assets nearest the generated mesh's shape")
+    _show_nearest(cfg, generated)
+
+
+def _show_nearest(cfg, mesh_file) -> None:
+    """The assets whose D2 embedding is nearest that of `mesh_file`, measured as `assets process` measures one."""
+    from batch.assets.mesh_features import MeshDecodeError, decode_mesh, mesh_features
+    from dsl import load_repo
+    from serving import OnlineClient
+
+    view = load_repo(cfg.repo_path).view(GEOMETRY_VIEW)
+    try:
+        measured = mesh_features(decode_mesh(mesh_file.read_bytes(), mesh_file.suffix.lstrip(".")),
+                                 view.source.embedding)
+    except MeshDecodeError as exc:
+        click.echo(f"  {mesh_file.name}: nothing to measure ({exc})")
+        return
+    shown = ["category", "face_count", "components"]
+    with OnlineClient(cfg.feast_repo_config()) as client:
+        hits = client.search(f"{view.name}:{view.source.embedding.name}", measured.embedding.tolist(), SIMILAR,
+                             features=shown)
+    click.echo("\t".join(["rank", "asset_id", "distance", *shown]))
+    for rank, (ids, distance) in enumerate(zip(hits.ids, hits.distances), 1):
+        values = [str(hits.features[name][rank - 1]) for name in shown]
+        click.echo("\t".join([str(rank), ids["asset_id"], f"{distance:.6g}", *values]))
 
 
 def _show_online(cfg) -> None:

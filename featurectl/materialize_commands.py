@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import click
 from tqdm import tqdm
@@ -84,17 +84,23 @@ def _since(feast_view, view, start: dt.datetime | None, end: dt.datetime, replac
     return since
 
 
+def vector_sink(cfg, view) -> Optional[Callable]:
+    """Where materialized rows of a view with a Vector feature go besides Redis: the vector index
+    (`serving.vector_index`); None for other views."""
+    if not view.vector_features:
+        return None
+    from serving.vector_index import VectorIndex
+
+    return functools.partial(VectorIndex(cfg).write_table, view)
+
+
 def _materialize(cfg, store, job, feast_view) -> None:
     from batch.materialize import materialize_view
     from dsl.compile_feast import offline_table_path
     from redis_store.settings import RedisSettings
 
     view, since, end = job.view, job.start, job.end
-    on_written = None
-    if view.vector_features:  # the vectors go to the vector index as well (`serving.vector_index`)
-        from serving.vector_index import VectorIndex
-
-        on_written = functools.partial(VectorIndex(cfg).write_table, view)
+    on_written = vector_sink(cfg, view)
     with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
                                  offline_table_path(cfg.data_dir, view), since, end, key_ttl_s=cfg.key_ttl_seconds,
@@ -103,6 +109,21 @@ def _materialize(cfg, store, job, feast_view) -> None:
     click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
                f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than "
                f"Redis's, {stats.seconds:.1f}s ({stats.rows_per_s:,.0f} rows/s)")
+
+
+def _online_views(repo, cfg) -> list:
+    """Every online view, less those over an asset source with nothing derived yet (warned about)."""
+    from dsl.assets import AssetSource
+    from dsl.compile_feast import offline_table_path
+
+    out = []
+    for view in (v for v in repo.views if v.online):
+        if isinstance(view.source, AssetSource) and not offline_table_path(cfg.data_dir, view).exists():
+            click.secho(f"warning: `{view.name}` is left out: asset source `{view.source.name}` has no derived "
+                        "assets yet; run `featurectl assets process` first", fg="yellow", err=True)
+            continue
+        out.append(view)
+    return out
 
 
 def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | None,
@@ -116,7 +137,7 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
     cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
     store = FeatureStore(config=cfg.feast_repo_config())
-    chosen = [repo.view(name) for name in views] if views else [v for v in repo.views if v.online]
+    chosen = [repo.view(name) for name in views] if views else _online_views(repo, cfg)
     version_log = VersionLog(cfg.registry_url)
     try:
         replacing, switching = replaced(version_log, cfg.project), version_log.conflicts(cfg.project)

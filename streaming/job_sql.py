@@ -20,6 +20,7 @@ from dsl.compile_flink import TILE_START, CompiledView, SourceSettings, compile_
 from dsl.compile_stream_source import DEAD_LETTER_COLUMNS, SourceRelation, source_keys
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
+from dsl.types import Vector
 from dsl.sql import create_table, quote_ident
 from streaming.partitioning import PARTITIONER_CLASS
 
@@ -143,6 +144,7 @@ def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[Fea
         if not view.source.kafka_topic:
             raise StreamDefinitionError(f"feature view `{view.name}`: source `{view.source.name}` has no "
                                         "kafka_topic; give the source a topic to stream it")
+        _check_no_vectors(view)
     name = job_name(project, views)
 
     def compiled_for(group_id: str, start: dict[str, str]) -> list[CompiledView]:
@@ -165,6 +167,17 @@ def plan_job(project: str, views: Sequence[FeatureView], all_views: Sequence[Fea
     cutovers = {s.name: settings.cutovers[s.name] for s, _ in sources if s.name in settings.cutovers}
     return JobPlan(name, fingerprint, settings.bootstrap_servers, group_id, view_jobs, source_jobs,
                    compiled[0].function_ddl, cutovers)
+
+
+def _check_no_vectors(view: FeatureView) -> None:
+    """A stream reads Kafka JSON with `PARSE_EVENT`, which types scalar values only: a vector column is refused here
+    rather than failing inside Flink."""
+    vectors = [f"`{name}` ({kind.value})" for name, kind in view.source.schema.items() if isinstance(kind, Vector)]
+    if vectors:
+        raise StreamDefinitionError(
+            f"feature view `{view.name}`: source `{view.source.name}` has vector column {', '.join(vectors)}, and "
+            "streams do not read vectors; backfill and materialize the view instead, or push its rows online "
+            f"(`client.push(\"{view.name}_push\", ...)`), which also indexes them for search")
 
 
 def _relations(views: Sequence[FeatureView], compiled: list[CompiledView]) -> dict[str, tuple]:

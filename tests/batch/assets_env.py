@@ -1,5 +1,6 @@
-"""What the asset test modules share: one local Ray per module, and a scratch copy of the example repo with an
-asset source and a view over it, its meshes written by `featurectl datagen assets`' generator."""
+"""What the asset test modules share: one local Ray per module, and a scratch copy of the example repo (whose asset
+source `asset_meshes` and view `asset_geometry` they process), its meshes written by `featurectl datagen assets`'
+generator."""
 
 from __future__ import annotations
 
@@ -10,12 +11,7 @@ from pathlib import Path
 
 from cli_helpers import ROOT, copy_example_repo
 
-ASSET_VIEW = '''
-from dsl import AssetSource, MESH_FEATURES, ShapeDescriptor
-asset_meshes = AssetSource("asset_meshes", assets="assets/assets.parquet", embedding=ShapeDescriptor(pairs={pairs}))
-asset_geometry = FeatureView(name="asset_geometry", entity=asset, source=asset_meshes, tile="1h", ttl="3650d",
-                             features=[Attribute(c) for c in [*MESH_FEATURES, "shape_d2"]])
-'''
+EXAMPLE_DESCRIPTOR = "embedding=ShapeDescriptor(bins=64)"
 
 
 def start_ray(workers: int = 2) -> None:
@@ -28,12 +24,15 @@ def start_ray(workers: int = 2) -> None:
 
 
 def asset_repo(tmp: Path, project: str, n_assets: int, pairs: int = 4096) -> Path:
-    """The example repo plus `asset_geometry`, `n_assets` meshes under its data folder's `assets/`."""
+    """The example repo, its D2 descriptor drawing `pairs` pairs, `n_assets` meshes under its data folder's
+    `assets/`."""
     from feature_repo.sample_meshes import write_assets
 
     repo = copy_example_repo(tmp, project, {"path": f"sqlite:///{tmp / project}.db"}, data_dir=tmp / "data")
-    with (repo / "features.py").open("a") as definitions:
-        definitions.write(ASSET_VIEW.format(pairs=pairs))
+    definitions = (repo / "features.py").read_text()
+    assert EXAMPLE_DESCRIPTOR in definitions, "the example repo's asset source changed: update EXAMPLE_DESCRIPTOR"
+    (repo / "features.py").write_text(definitions.replace(EXAMPLE_DESCRIPTOR,
+                                                          f"embedding=ShapeDescriptor(bins=64, pairs={pairs})"))
     write_assets(n_assets, tmp / "data" / "assets", int(time.time() * 1000))
     return repo
 

@@ -1,5 +1,6 @@
-"""A small, fixed history for the backfill and training-set tests: 28 hours of interactions and a catalog that
-changes inside the backfilled range, as Parquet where the example repo's sources read them, and its backfill.
+"""A small, fixed history for the backfill and training-set tests: 28 hours of interactions, a catalog and derived
+meshes that change inside the backfilled range, as Parquet where the example repo's sources read them, and its
+backfill.
 
 The backfill and its batch TableEnvironment are made once per test session and shared by both suites (PyFlink
 takes seconds to start, a backfill job more); pytest would make a session fixture once per module that
@@ -19,12 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from batch.assets.mesh_features import mesh_features
 from batch.backfill import BackfillSummary, BackfillTarget, backfill
 from common.flink import create_table_env
 from cli_helpers import ROOT
-from dsl import Repository
+from dsl import AssetSource, Repository
 from dsl.compile_flink import source_path
 from feature_repo.sample_data import SampleSpec, catalog_table, interactions_table
+from feature_repo.sample_meshes import asset_id, asset_mesh
 
 HOUR_MS = 3_600_000
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, first event
@@ -53,14 +56,28 @@ def write_history(repo: Repository, data_dir: Path, n_events: int = 6_000) -> di
     changed = changed.set_column(changed.schema.get_field_index("updated_at"), "updated_at",
                                  pa.array(np.full(10, CATALOG_CHANGE_MS)))
     sources = {v.source.name: v.source for v in repo.views}
+    meshes = [mesh_rows(sources["asset_meshes"], range(SPEC.n_assets), START_MS + HOUR_MS),
+              mesh_rows(sources["asset_meshes"], range(3), CATALOG_CHANGE_MS, mesh_offset=12)]
     files = {"asset_interactions": [events.slice(0, n_events // 2), events.slice(n_events // 2)],
-             "asset_catalog": [catalog, changed]}
+             "asset_catalog": [catalog, changed], "asset_meshes": meshes}
     for name, tables in files.items():
         folder = source_path(sources[name], data_dir)
         folder.mkdir(parents=True, exist_ok=True)
         for i, table in enumerate(tables):
             pq.write_table(table, folder / f"part-{i}.parquet")
-    return {"asset_interactions": events.to_pylist(), "asset_catalog": pa.concat_tables([catalog, changed]).to_pylist()}
+    return {"asset_interactions": events.to_pylist(), "asset_catalog": pa.concat_tables([catalog, changed]).to_pylist(),
+            "asset_meshes": pa.concat_tables(meshes).to_pylist()}
+
+
+def mesh_rows(source: AssetSource, assets: range, updated_at: int, mesh_offset: int = 0) -> pa.Table:
+    """The rows `featurectl assets process` derives for sample assets `assets` (with the meshes of assets
+    `mesh_offset` further on: another shape, a new version), all updated at `updated_at`."""
+    rows = []
+    for index in assets:
+        features = mesh_features(asset_mesh(index + mesh_offset, seed=7), source.embedding)
+        rows.append({"asset_id": asset_id(index), "category": "sample", "updated_at": updated_at, **features.values,
+                     source.embedding.name: features.embedding.tolist()})
+    return pa.Table.from_pylist(rows, pa.schema([pa.field(n, k.arrow_type()) for n, k in source.schema.items()]))
 
 
 def example_repo_copy(folder: Path, data_dir: Path, registry_url: str) -> Path:

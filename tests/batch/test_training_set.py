@@ -20,7 +20,8 @@ from dsl.compile_feast import EVENT_TIMESTAMP
 pytestmark = pytest.mark.integration
 
 MINUTE_MS = 60_000
-VIEW_KEYS = {"asset_activity": "asset_id", "user_activity": "user_id", "asset_attributes": "asset_id"}
+VIEW_KEYS = {"asset_activity": "asset_id", "user_activity": "user_id", "asset_attributes": "asset_id",
+             "asset_geometry": "asset_id"}
 
 
 @pytest.fixture(scope="module")

@@ -141,6 +141,33 @@ def test_last_by_keeps_the_greatest_value_at_the_latest_time(env, order):
 def test_last_by_rejects_unsupported_types(env):
     with pytest.raises(Exception, match="CAST other types first"):
         query(env, "SELECT LAST_BY(CAST(1 AS DECIMAL(10, 2)), CURRENT_TIMESTAMP)")
+    with pytest.raises(Exception, match="CAST other types first"):
+        query(env, "SELECT LAST_BY(ARRAY[CAST(1 AS DOUBLE)], CURRENT_TIMESTAMP)")
+
+
+VECTOR_ROWS = [  # (k, vector, ms): ties at the latest time are broken by the greater vector, element by element
+    ("a", [1.0, 2.0, 3.0], 1000), ("a", [1.0, 2.5, -1.0], 2000), ("a", [1.0, 2.0, 9.0], 2000), ("a", None, 3000),
+    ("b", [0.5, 0.5], 1000), ("b", [0.5, 0.5, 0.0], 1000), ("c", [-1.0, 0.0], 1000),
+]
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed"])
+def test_last_by_takes_vectors_as_python_orders_lists(env, order):
+    """A vector feature's tile value (ARRAY<FLOAT>): the latest one, ties to the greater as Python compares lists."""
+    rows = VECTOR_ROWS if order == "forward" else VECTOR_ROWS[::-1]
+
+    def vector(value) -> str:
+        return "CAST(NULL AS ARRAY<FLOAT>)" if value is None else \
+            "ARRAY[" + ", ".join(f"CAST({x!r} AS FLOAT)" for x in value) + "]"
+
+    values = ", ".join(f"('{k}', {vector(v)}, CAST({ms} AS BIGINT))" for k, v, ms in rows)
+    got = sorted(query(env, f"SELECT k, LAST_BY(v, TO_TIMESTAMP_LTZ(ms, 3)) FROM (VALUES {values}) AS t(k, v, ms) "
+                            "GROUP BY k"))
+    want = {}
+    for k, v, ms in rows:
+        if v is not None:
+            want[k] = max(want.get(k, (ms, v)), (ms, v))
+    assert [(k, list(v)) for k, v in got] == sorted((k, v) for k, (_, v) in want.items())
 
 
 def tumble_oracle(events) -> dict:

@@ -27,9 +27,9 @@ def _ids(datasets: list[dict]) -> list[tuple[str, str]]:
 def test_each_view_is_its_tile_query_from_topic_and_history(pytestconfig):
     events, queries = _events(pytestconfig)
     assert sorted(events) == ["asset_activity_tile_query", "asset_attributes_tile_query",
-                              "asset_ratios_transformation", "feature_service_asset_ranking",
-                              "feature_service_cube3d_conditioning", "generation_fit_transformation",
-                              "user_activity_tile_query"]
+                              "asset_geometry_tile_query", "asset_ratios_transformation",
+                              "feature_service_asset_ranking", "feature_service_cube3d_conditioning",
+                              "generation_fit_transformation", "user_activity_tile_query"]
     job = events["asset_activity_tile_query"]
     assert job["job"]["namespace"] == "shop" and job["eventTime"] == "2026-01-02T03:04:05+00:00"
     assert job["eventType"] == "COMPLETE" and job["job"]["facets"]["feast_jobKind"] == {"kind": "definition"}

@@ -160,7 +160,7 @@ def test_example_repo_loads():
     from dsl import load_repo
 
     repo = load_repo(Path(__file__).resolve().parents[2] / "feature_repo")
-    assert {v.name for v in repo.views} == {"asset_activity", "asset_attributes", "user_activity"}
+    assert {v.name for v in repo.views} == {"asset_activity", "asset_attributes", "user_activity", "asset_geometry"}
     assert {s.name for s in repo.services} == {"asset_ranking", "cube3d_conditioning"}
 
 

@@ -75,3 +75,15 @@ def test_instants_past_the_calendar_are_one_line(tmp_path):
     register_repo(repo)
     done = featurectl("--repo", str(repo), "materialize-incremental", "0001-01-01", "--view", "asset_activity")
     _one_line_error(done, "END - the ttl of `asset_activity`", "is outside the calendar (years 1 to 9999)")
+
+
+def test_materializing_every_view_leaves_out_asset_views_with_nothing_derived(tmp_path):
+    repo = copy_example_repo(tmp_path, "errs_assets", {"path": f"sqlite:///{tmp_path / 'registry.db'}"},
+                             data_dir=tmp_path / "data")
+    register_repo(repo)
+    done = featurectl("--repo", str(repo), "materialize", "2026-01-01", "2026-01-02")
+    assert ("warning: `asset_geometry` is left out: asset source `asset_meshes` has no derived assets yet; run "
+            "`featurectl assets process` first") in done.stderr
+    _one_line_error(done, "feature view `asset_activity` has no offline table", "run `featurectl backfill`")
+    done = featurectl("--repo", str(repo), "materialize", "2026-01-01", "2026-01-02", "--view", "asset_geometry")
+    _one_line_error(done, "feature view `asset_geometry` has no offline table")

@@ -181,7 +181,8 @@ def test_feast_apply_changes_nothing_and_the_sdk_reads_from_another_folder(tmp_p
         _teardown(repo)
     assert "No changes to registry" in plan and "Deleted" not in plan and "Created" not in plan, plan
     assert sorted(line.split()[0] for line in views.splitlines()[1:]) == [
-        "asset_activity", "asset_attributes", "asset_ratios", "generation_fit", "user_activity"], views
+        "asset_activity", "asset_attributes", "asset_geometry", "asset_ratios", "generation_fit",
+        "user_activity"], views
     assert sorted(name for kind, name in before if kind == "FeatureService") == ["asset_ranking",
                                                                                  "cube3d_conditioning"]
     assert sorted(name for kind, name in before if kind == "OnDemandFeatureView") == ["asset_ratios",
@@ -195,6 +196,6 @@ def test_feast_apply_changes_nothing_and_the_sdk_reads_from_another_folder(tmp_p
     assert after_feast_apply[ratios] == before[ratios], "`feast apply` after `featurectl apply` changed asset_ratios"
     assert sdk.returncode == 0, sdk.stdout + sdk.stderr
     read = json.loads(sdk.stdout.splitlines()[-1])
-    assert read["views"] == ["asset_activity", "asset_attributes", "user_activity"]
+    assert read["views"] == ["asset_activity", "asset_attributes", "asset_geometry", "user_activity"]
     assert read["online"]["category"] == ["plant", "vehicle"] and read["online"]["bbox_x"] == [1.5, 4.0]
     assert read["offline"] == {"asset_id": ["a1", "a2"], "category": ["plant", "vehicle"], "bbox_x": [1.5, 4.0]}

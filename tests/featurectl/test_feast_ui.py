@@ -64,9 +64,10 @@ def test_the_lineage_page_draws_topic_and_history_to_views_to_services(ui, appli
     assert f"dataset:{project}:asset_attributes to dataset:{project}:asset_ranking" in edges
     assert f"dataset:{project}:asset_ratios to dataset:{project}:asset_ranking" in edges
     assert f"dataset:{project}:generation_request to dataset:{project}:generation_fit" in edges
-    # nothing else (no edge between a topic and its history): 3 views x 2 sources, 2 on-demand views x 2 inputs,
-    # 5 inputs of the services
-    assert len(edges) == 15
+    assert f"dataset:file:{data / 'asset_meshes'} to dataset:{project}:asset_geometry" in edges
+    # nothing else (no edge between a topic and its history): 3 views x 2 sources, the asset view's history, 2
+    # on-demand views x 2 inputs, 5 inputs of the services
+    assert len(edges) == 16
     assert 'data-id="dataset:file:' in dom and ">KafkaSource<" in dom and ">FileSource<" in dom
 
 
@@ -110,8 +111,8 @@ def test_feast_ui_itself_serves_the_views_and_the_lineage(applied):
     try:
         views = _json_when_up(f"http://127.0.0.1:{port}/api/v1/feature_views?project={project}", process, log)
         assert {v["spec"]["name"] for v in views["featureViews"]} == {"asset_activity", "asset_attributes",
-                                                                      "user_activity", "asset_ratios",
-                                                                      "generation_fit"}
+                                                                      "user_activity", "asset_geometry",
+                                                                      "asset_ratios", "generation_fit"}
         graph = _json_when_up(f"http://127.0.0.1:{port}/api/v1/lineage/openlineage/graph", process, log)
         assert {(n["namespace"], n["name"]) for n in graph["nodes"]} >= {(KAFKA, "asset_catalog"),
                                                                          (project, "cube3d_conditioning")}

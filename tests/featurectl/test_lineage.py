@@ -43,7 +43,8 @@ def test_apply_records_topic_and_history_to_view_to_service_and_replaces_it(tmp_
             ("lineage", "asset_attributes", "cube3d_conditioning")} <= edges
     assert {("lineage", "asset_activity", "asset_ratios"), ("lineage", "generation_request", "generation_fit"),
             ("lineage", "asset_ratios", "asset_ranking")} <= edges
-    assert len(edges) == 15  # 3 views x (topic + history) + 2 on-demand views x 2 inputs + 5 inputs of services
+    # 3 views x (topic + history) + the asset view's history + 2 on-demand views x 2 inputs + 5 inputs of services
+    assert len(edges) == 16
 
     features = repo / "features.py"
     text = re.sub(r"\nuser_activity = FeatureView\(.*?\n\)\n", "\n", features.read_text(), flags=re.S)
@@ -51,7 +52,7 @@ def test_apply_records_topic_and_history_to_view_to_service_and_replaces_it(tmp_
     _record(repo)
     edges, datasets = _graph(registry)
     assert not any(target == "user_activity" for _, _, target in edges)
-    assert ("kafka://127.0.0.1:19092", "catalog_v2", "asset_attributes") in edges and len(edges) == 13
+    assert ("kafka://127.0.0.1:19092", "catalog_v2", "asset_attributes") in edges and len(edges) == 14
     assert ("kafka://127.0.0.1:19092", "asset_catalog") not in datasets  # no job reads it any more
     assert ("kafka://127.0.0.1:19092", "asset_interactions") in datasets
 

@@ -52,7 +52,7 @@ def test_plan_speaks_of_the_future_and_an_unchanged_repo_has_no_changes(tmp_path
     assert _body(run(repo, "plan", "--no-sql").stdout) == ["no changes"]
     assert _digest(tmp_path / "registry.db") == registry, "plan changed the registry"
     again = run(repo, "apply").stdout.splitlines()
-    assert again[0] == "no changes" and again[1].startswith("applied 2 entities, 3 feature views")
+    assert again[0] == "no changes" and again[1].startswith("applied 2 entities, 4 feature views")
     assert _history(repo) == {name: [version] for name, version in versions(repo).items()}
 
 
@@ -113,6 +113,7 @@ def test_apply_records_a_version_per_view_and_its_history(tmp_path):
             f"{second['asset_activity']}") in applied
     assert _history(repo) == {"asset_activity": [first["asset_activity"], second["asset_activity"]],
                               "asset_attributes": [first["asset_attributes"]],
+                              "asset_geometry": [first["asset_geometry"]],
                               "user_activity": [first["user_activity"]] * 2}
 
     shown = run(repo, "versions", "--view", "asset_activity").stdout.splitlines()
@@ -176,7 +177,8 @@ def test_views_registered_through_feast_are_left_alone_by_plan_and_apply(tmp_pat
                         "deletes: it will fail until you delete it with Feast's SDK or define `user_activity` again")
     store = FeatureStore(config=load_config(repo).feast_repo_config())
     assert {v.name for v in store.list_all_feature_views()} == {"asset_activity", "asset_attributes", "boosted",
-                                                                 "clicks_stream", "asset_ratios", "generation_fit"}
+                                                                 "clicks_stream", "asset_ratios", "generation_fit",
+                                                                 "asset_geometry"}
     assert {"boost_request", "clicks", "clicks_history"} <= {s.name for s in store.list_data_sources()}
     assert "device" in {e.name for e in store.list_entities()}
     assert _history(repo)["user_activity"][-1] is None  # the removal is recorded

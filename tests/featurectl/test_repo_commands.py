@@ -58,7 +58,7 @@ def test_apply_to_postgres_registry_and_read_back_with_feast(local_services):
     cfg = load_config(ROOT / "feature_repo", registry_override=local_services.postgres_url())
     store = FeatureStore(config=cfg.feast_repo_config())
     views = {v.name: v for v in store.list_feature_views()}
-    assert set(views) == {"asset_activity", "asset_attributes", "user_activity"}
+    assert set(views) == {"asset_activity", "asset_attributes", "user_activity", "asset_geometry"}
     assert {f.name for f in views["asset_activity"].features} >= {"views_1h", "views_24h", "unique_users_24h"}
     assert {e.name for e in store.list_entities()} == {"asset", "user"}
     service = store.get_feature_service("cube3d_conditioning")

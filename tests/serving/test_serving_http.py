@@ -98,7 +98,7 @@ def test_health_ready_openapi_and_metrics(server):
     url = server.url
     assert get(url, "/health")[0] == 200
     status, body = get(url, "/ready")
-    assert status == 200 and json.loads(body)["feature_views"] == 3
+    assert status == 200 and json.loads(body)["feature_views"] == 4
     spec = json.loads(get(url, "/openapi.json")[1])
     assert {"/get-online-features", "/health", "/ready", "/metrics"} <= set(spec["paths"])
     post(url, {"feature_service": "asset_ranking", "entities": {"asset_id": ["a1"]}})

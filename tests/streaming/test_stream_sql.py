@@ -82,6 +82,18 @@ def test_a_view_without_a_topic_cannot_stream(repo):
         plan_job("p", [quiet], repo.views, SETTINGS, STARTUP)
 
 
+def test_a_view_over_a_source_with_vectors_cannot_stream(repo):
+    from dsl import Vector
+
+    view = repo.view("asset_attributes")
+    schema = {**view.source.schema, "embedding": Vector(8)}
+    shaped = dataclasses.replace(view, source=dataclasses.replace(view.source, schema=schema))
+    with pytest.raises(StreamDefinitionError, match="feature view `asset_attributes`: source `asset_catalog` has "
+                                                    "vector column `embedding` \\(vector\\(8\\)\\), and streams do "
+                                                    "not read vectors; backfill and materialize"):
+        plan_job("p", [shaped], repo.views, SETTINGS, STARTUP)
+
+
 def test_a_new_generation_reads_back_one_longest_window_or_from_its_cutover(repo):
     target = Target("p", None, SETTINGS, Path("/state"))
     now, day_and_more = 10**13, (24 * 60 + 1) * 60_000 + 35_000

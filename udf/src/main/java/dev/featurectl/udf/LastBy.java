@@ -8,6 +8,8 @@ import org.apache.flink.table.types.inference.InputTypeStrategies;
 import org.apache.flink.table.types.inference.InputTypeStrategy;
 import org.apache.flink.table.types.inference.TypeInference;
 import org.apache.flink.table.types.inference.TypeStrategies;
+import org.apache.flink.table.types.logical.ArrayType;
+import org.apache.flink.table.types.logical.LogicalType;
 import org.apache.flink.table.types.logical.LogicalTypeRoot;
 import org.apache.flink.types.Row;
 
@@ -21,8 +23,9 @@ import java.util.Set;
  *
  * <p>Ties on the timestamp keep the greater value, so the result is the maximum of (ts, value) pairs and never
  * depends on arrival order: streaming, batch and two-phase aggregation agree. NULL values and NULL times are
- * skipped. T is CHAR/VARCHAR, BOOLEAN, INT, BIGINT, FLOAT or DOUBLE; strings compare by code point (as Python
- * and Flink's own MAX do), floating point as {@link Double#compare} (NaN greatest).
+ * skipped. T is CHAR/VARCHAR, BOOLEAN, INT, BIGINT, FLOAT, DOUBLE or ARRAY&lt;FLOAT&gt; (a vector feature); strings
+ * compare by code point (as Python and Flink's own MAX do), floating point as {@link Double#compare} (NaN
+ * greatest), arrays element by element (a NULL element first), then the shorter first (as Python's lists).
  */
 public class LastBy extends AggregateFunction<Object, Row> {
     private static final long serialVersionUID = 1L;
@@ -31,14 +34,23 @@ public class LastBy extends AggregateFunction<Object, Row> {
     private static final Set<LogicalTypeRoot> VALUE_ROOTS = EnumSet.of(LogicalTypeRoot.CHAR, LogicalTypeRoot.VARCHAR,
             LogicalTypeRoot.BOOLEAN, LogicalTypeRoot.INTEGER, LogicalTypeRoot.BIGINT, LogicalTypeRoot.FLOAT,
             LogicalTypeRoot.DOUBLE);
+    private static final Set<LogicalTypeRoot> ELEMENT_ROOTS = EnumSet.of(LogicalTypeRoot.FLOAT);
     /** No implicit casts for the value (DECIMAL would silently become FLOAT): the caller casts explicitly. */
     private static final InputTypeStrategy INPUT = InputTypeStrategies.sequence(
             InputTypeStrategies.constraint(
-                    "LAST_BY takes a STRING, BOOLEAN, INT, BIGINT, FLOAT or DOUBLE value; CAST other types first",
-                    args -> VALUE_ROOTS.contains(args.get(VALUE).getLogicalType().getTypeRoot())),
+                    "LAST_BY takes a STRING, BOOLEAN, INT, BIGINT, FLOAT, DOUBLE or ARRAY<FLOAT> value; CAST other "
+                            + "types first",
+                    args -> isValueType(args.get(VALUE).getLogicalType())),
             InputTypeStrategies.or(
                     InputTypeStrategies.logical(LogicalTypeRoot.TIMESTAMP_WITHOUT_TIME_ZONE),
                     InputTypeStrategies.logical(LogicalTypeRoot.TIMESTAMP_WITH_LOCAL_TIME_ZONE)));
+
+    private static boolean isValueType(LogicalType type) {
+        if (type.getTypeRoot() == LogicalTypeRoot.ARRAY) {
+            return ELEMENT_ROOTS.contains(((ArrayType) type).getElementType().getTypeRoot());
+        }
+        return VALUE_ROOTS.contains(type.getTypeRoot());
+    }
 
     /** Output = the value's type; state = ROW(value, ts) in the arguments' own types, so no precision is lost. */
     @Override
@@ -99,7 +111,22 @@ public class LastBy extends AggregateFunction<Object, Row> {
         if (a instanceof String left) {
             return compareCodePoints(left, (String) b);
         }
+        if (a instanceof Object[] left) {
+            return compareArrays(left, (Object[]) b);
+        }
         return ((Comparable<Object>) a).compareTo(b);
+    }
+
+    /** Element by element, a NULL element before any value; equal prefixes: the shorter array first. */
+    private static int compareArrays(Object[] a, Object[] b) {
+        for (int i = 0; i < Math.min(a.length, b.length); i++) {
+            int byElement = a[i] == null || b[i] == null
+                    ? Boolean.compare(a[i] != null, b[i] != null) : compare(a[i], b[i]);
+            if (byElement != 0) {
+                return byElement;
+            }
+        }
+        return Integer.compare(a.length, b.length);
     }
 
     /** String.compareTo orders UTF-16 units, which differs from code point order above U+FFFF. */

@@ -51,9 +51,9 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds:
     _step("backfill the offline feature tables, materialize the latest values into Redis")
     from featurectl import batch_commands, materialize_commands
 
-    today = dt.datetime.now(dt.timezone.utc).date()
-    first, end = (today - dt.timedelta(days=days)).isoformat(), today.isoformat()
-    click_ctx.invoke(batch_commands.backfill, start_text=first, end_text=end, view_names=(), parallelism=None,
+    end = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    first = end - dt.timedelta(days=days)
+    click_ctx.invoke(batch_commands.backfill, start=first, end=end, view_names=(), parallelism=None,
                      jobmanager=None)
     click_ctx.invoke(materialize_commands.materialize, start=first, end=end, views=())
     _step("read back through the online SDK (feature service cube3d_conditioning)")

@@ -86,7 +86,7 @@ def _since(feast_view, view, start: dt.datetime | None, end: dt.datetime, replac
 
 def _materialize(cfg, store, job, feast_view) -> None:
     from batch.materialize import materialize_view
-    from dsl.compile_feast import offline_table_path
+    from dsl.compile_feast import offline_table_location
     from redis_store.settings import RedisSettings
 
     view, since, end = job.view, job.start, job.end
@@ -97,8 +97,8 @@ def _materialize(cfg, store, job, feast_view) -> None:
         on_written = functools.partial(VectorIndex(cfg).write_table, view)
     with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
-                                 offline_table_path(cfg.data_dir, view), since, end, key_ttl_s=cfg.key_ttl_seconds,
-                                 on_rows=bar.update, on_written=on_written)
+                                 offline_table_location(cfg.data_storage, view), since, end,
+                                 key_ttl_s=cfg.key_ttl_seconds, on_rows=bar.update, on_written=on_written)
     store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
     click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
                f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than "

@@ -98,8 +98,7 @@ def history_files(folder: Path | Storage) -> list[str]:
     """Every file Flink's filesystem source reads under `folder` (paths relative to it): all of them,
     recursively, but those whose name or a folder's on the way starts with `.` or `_` (Arrow's datasets skip the
     same ones)."""
-    return [name for name in as_storage(folder).files()
-            if not any(part.startswith((".", "_")) for part in name.split("/"))]
+    return as_storage(folder).readable_files()
 
 
 def check_history(needs: Sequence[SourceNeeds], data_dir: Path | Storage, *,

@@ -155,13 +155,18 @@ class Storage:
         if files or self.scheme == "file" and Path(self.display).exists():
             self._call("deleting", remove)
 
+    def readable_files(self) -> list[str]:
+        """The files under this folder that Flink's filesystem source and Arrow's datasets read: all but those
+        whose name, or a folder's on the way, starts with `.` or `_` (hidden, or still being written)."""
+        return [name for name in self.files() if not any(part.startswith((".", "_")) for part in name.split("/"))]
+
     def dataset(self, **options):
         """The Parquet files under the folder as one pyarrow dataset (Flink's part files have no suffix; names
         starting with `.` or `_` on the way, Flink's in-progress files, are skipped); None when there are none.
         `options` go to `pyarrow.dataset.dataset` (e.g. `partitioning`)."""
         import pyarrow.dataset as ds
 
-        files = [name for name in self.files() if not any(part.startswith((".", "_")) for part in name.split("/"))]
+        files = self.readable_files()
         if not files:
             return None
         # the files listed here, not a discovery of Arrow's own: that would take a server's stand-in object for a

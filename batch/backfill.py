@@ -34,10 +34,10 @@ from common.errors import FeaturectlError
 from common.flink import create_table_env
 from common.instants import check_range, format_epoch_ms
 from common.quality_log import QualityRecord
-from common.storage import Storage
+from common.storage import Storage, as_storage, remote
 from dsl.assets import AssetSource
-from dsl.compile_feast import offline_table_path
-from dsl.compile_flink import SourceSettings, compile_view, source_path
+from dsl.compile_feast import offline_table_location
+from dsl.compile_flink import SourceSettings, compile_view, source_location
 from dsl.feature_view import FeatureView
 from dsl.view_version import view_version
 
@@ -68,7 +68,7 @@ class _Silent:
 class BackfillTarget:
     """Where a backfill reads and writes: the history and offline tables, and the registry that records it."""
 
-    data_dir: Path
+    data_dir: Path | Storage  # the sources' histories and the offline tables: a local folder or shared storage
     registry_url: str
     project: str
     bootstrap_servers: str = ""  # only the streaming DDL of the compiled views uses it
@@ -113,7 +113,7 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     """Write the offline rows of `views` for boundaries in [start, end), replacing what that range held.
 
     `env` is a batch TableEnvironment to reuse (PyFlink takes seconds to start one); by default one is made
-    with `parallelism` and, for a remote cluster, `jobmanager` (whose task managers must see `data_dir`).
+    with `parallelism` and, for a remote cluster, `jobmanager` (whose task managers must reach `data_dir`).
     """
     began = time.monotonic()
     start_ms, end_ms = _epoch_ms(start, "start"), _epoch_ms(end, "end")
@@ -131,8 +131,9 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     scratch = _scratch(target)
     try:
         progress.stage("flink: tiles", summary.events_read, "ev")
+        storage = remote(target.storage, *(source_location(v.source, target.data_dir) for v in views))
         env = env or create_table_env(streaming=False, parallelism=parallelism, jobmanager=jobmanager,
-                                      storage=target.storage)
+                                      storage=storage)
         folders = export_tiles(env, jobs, scratch)
         progress.advance(summary.events_read)
         for job in jobs:
@@ -147,12 +148,12 @@ def backfill(views: Sequence[FeatureView], start: dt.datetime, end: dt.datetime,
     return summary
 
 
-def _with_history(views: Sequence[FeatureView], data_dir: Path) -> list[FeatureView]:
+def _with_history(views: Sequence[FeatureView], data_dir: Path | Storage) -> list[FeatureView]:
     """`views` less those over an asset source without history yet (warned about); none left is an error."""
     kept, waiting = [], []
     for view in views:
-        folder = source_path(view.source, data_dir)
-        unwritten = isinstance(view.source, AssetSource) and not any(folder.glob("*.parquet"))
+        unwritten = isinstance(view.source, AssetSource) and not any(
+            name.endswith(".parquet") for name in source_location(view.source, data_dir).readable_files())
         (waiting if unwritten else kept).append(view)
     for view in waiting:
         log.warning("view `%s` is left out: asset source `%s` has no derived assets yet; run `featurectl assets "
@@ -168,7 +169,10 @@ def _scratch(target: BackfillTarget) -> Storage:
     beside the offline tables."""
     if target.storage is not None:
         return target.storage.child("tiles", f"{target.project}-{uuid.uuid4().hex}")
-    offline_root = target.data_dir / "offline"
+    data = as_storage(target.data_dir)
+    if not data.is_local:
+        return data.child("offline", f".tiles-{uuid.uuid4().hex}")
+    offline_root = Path(data.display) / "offline"
     offline_root.mkdir(parents=True, exist_ok=True)
     return Storage.local(Path(tempfile.mkdtemp(prefix=".tiles-", dir=offline_root)))
 
@@ -180,8 +184,8 @@ def _count_events(jobs: list[TileJob], settings: SourceSettings) -> int:
     for source_name, (lo, hi) in source_ranges(jobs).items():
         source = next(j.view.source for j in jobs if j.compiled.source == source_name)
         ts = ds.field(source.timestamp_field)
-        count = ds.dataset(source_path(source, settings.data_dir), format="parquet").count_rows(
-            filter=(ts >= lo) & (ts < hi))
+        dataset = source_location(source, settings.data_dir).dataset()
+        count = dataset.count_rows(filter=(ts >= lo) & (ts < hi)) if dataset is not None else 0
         if not count:
             log.warning("source `%s`: none of its events is in [%s, %s), the event times this backfill reads: "
                         "its views' rows of the range are empty", source_name, format_epoch_ms(lo),
@@ -198,8 +202,8 @@ def _write_view(job: TileJob, tiles_folder: Storage, start_ms: int, end_ms: int,
     tiles = dataset.to_table() if dataset is not None else None
     tiles = tiles if tiles is not None and tiles.num_rows else None
     progress.stage(f"windows: {view.name}", tiles.num_rows if tiles else 0, "tiles")
-    path = offline_table_path(target.data_dir, view)
-    with RangeWriter(path, offline_schema(job.compiled), start_ms, end_ms) as writer:
+    table = offline_table_location(target.data_dir, view)
+    with RangeWriter(table, offline_schema(job.compiled), start_ms, end_ms) as writer:
         for rows, chunk_tiles in offline_rows(job.compiled, tiles, start_ms, end_ms) if tiles else ():
             writer.write(rows)
             progress.advance(chunk_tiles)

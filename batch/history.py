@@ -19,8 +19,8 @@ from batch.input_schema import HistoryCheck, SourceNeeds, check_history
 from batch.tile_export import TileJob, export_tiles
 from common.flink import create_table_env
 from common.instants import format_epoch_ms, from_epoch_ms
-from common.storage import Storage
-from dsl.compile_flink import CompiledView, source_path
+from common.storage import Storage, remote
+from dsl.compile_flink import CompiledView, source_location
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
 
@@ -31,7 +31,7 @@ class ParquetHistory:
     """The Parquet history of a repo's sources (`data_dir`), and the backfill record that says which ranges of
     each view's offline table were computed from it."""
 
-    def __init__(self, data_dir: Path, registry_url: str, project: str, *, jobmanager: Optional[str] = None,
+    def __init__(self, data_dir: Path | Storage, registry_url: str, project: str, *, jobmanager: Optional[str] = None,
                  parallelism: int = 1, storage: Optional[Storage] = None):
         """`storage`: the shared storage the export's folder is in, when it is not local (`common.storage`)."""
         self.data_dir = data_dir
@@ -53,7 +53,7 @@ class ParquetHistory:
                 log.warning("source `%s` has no history at %s: its windows start empty and count only the events "
                             "the stream reads from Kafka; to start them from history, write its Parquet files "
                             "there and run `featurectl stream --reset`", source.name,
-                            source_path(source, self.data_dir))
+                            source_location(source, self.data_dir))
                 continue
             if end >= now_ms:
                 log.warning("source `%s` has history up to %s, after now: the stream counts Kafka events from now "
@@ -75,8 +75,9 @@ class ParquetHistory:
         if not jobs:
             return {}
         self._check(SourceNeeds.of_views([job.view for job in jobs]))
+        storage = remote(self.storage, *(source_location(job.view.source, self.data_dir) for job in jobs))
         env = create_table_env(streaming=False, parallelism=self.parallelism, jobmanager=self.jobmanager,
-                               storage=self.storage)
+                               storage=storage)
         folders = export_tiles(env, jobs, folder)
         self._warn_gaps(jobs)
         return folders

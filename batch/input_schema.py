@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from common.errors import FeaturectlError
-from dsl.compile_flink import source_path
+from common.storage import Storage, StorageError, as_storage
+from dsl.compile_flink import source_location
 from dsl.feature_view import FeatureView
 from dsl.source import EventSource
 from dsl.types import ValueType
@@ -83,39 +84,39 @@ class _Tally:
     bad_files: int = 0
     rows: int = 0
     latest_ms: Optional[int] = None
-    empty: list[Path] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
-    example: dict[str, Path] = field(default_factory=dict)
+    example: dict[str, str] = field(default_factory=dict)
 
-    def add(self, what: str, count: int, path: Path) -> None:
+    def add(self, what: str, count: int, path: str) -> None:
         if count:
             self.counts[what] += count
             self.example.setdefault(what, path)
 
 
-def history_files(folder: Path) -> list[Path]:
-    """Every file Flink's filesystem source reads under `folder`: all of them, recursively, but those whose name
-    or a folder's on the way starts with `.` or `_` (Arrow's datasets skip the same ones)."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.rglob("*")
-                  if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts))
+def history_files(folder: Path | Storage) -> list[str]:
+    """Every file Flink's filesystem source reads under `folder` (paths relative to it): all of them,
+    recursively, but those whose name or a folder's on the way starts with `.` or `_` (Arrow's datasets skip the
+    same ones)."""
+    return as_storage(folder).readable_files()
 
 
-def check_history(needs: Sequence[SourceNeeds], data_dir: Path, *, require_rows: bool = True) -> HistoryCheck:
+def check_history(needs: Sequence[SourceNeeds], data_dir: Path | Storage, *,
+                  require_rows: bool = True) -> HistoryCheck:
     """Check every file of each source against what is read of it; raise `InputSchemaError` listing every
     problem, else return the rows per source and the warnings. `require_rows`: a source without rows (no
     folder, no files, only empty files) is an error, as for a backfill; else it counts 0 rows."""
-    problems: dict[str, list[Path]] = {}
+    problems: dict[str, list[str]] = {}
     rows: dict[str, int] = {}
     latest: dict[str, Optional[int]] = {}
     warnings: list[str] = []
     for need in needs:
-        folder = source_path(need.source, data_dir)
+        folder = source_location(need.source, data_dir)
         tally = _Tally()
-        for path in history_files(folder):
+        for relative in history_files(folder):
             tally.files += 1
-            found = _check_file(path, need, tally)
+            path = folder.child(relative).display
+            found = _check_file(folder, relative, need, tally)
             tally.bad_files += bool(found)
             for problem in found:
                 problems.setdefault(problem, []).append(path)
@@ -133,7 +134,7 @@ def check_history(needs: Sequence[SourceNeeds], data_dir: Path, *, require_rows:
     return HistoryCheck(rows, latest, tuple(warnings))
 
 
-def _message(problems: dict[str, list[Path]]) -> str:
+def _message(problems: dict[str, list[str]]) -> str:
     def also(n: int) -> str:
         return f" (and {n} more file{'s' if n > 1 else ''})" if n else ""
 
@@ -146,19 +147,20 @@ def _message(problems: dict[str, list[Path]]) -> str:
             "sources' schemas, then run again:\n  " + "\n  ".join(lines[:MAX_LISTED]) + more)
 
 
-def _check_file(path: Path, need: SourceNeeds, tally: _Tally) -> list[str]:
+def _check_file(folder: Storage, relative: str, need: SourceNeeds, tally: _Tally) -> list[str]:
     """The file's problems; when it has none, its rows and statistics are added to `tally`."""
     where = f"source `{need.source.name}`"
-    if path.stat().st_size == 0:
-        return [f"empty (0 bytes), not a Parquet file: delete it or write it again ({where} reads every file "
-                "in its folder)"]
     try:
-        with pq.ParquetFile(path) as parquet:
-            problems = [p for c in need.readers if (p := _column_problem(need, c, parquet.schema_arrow))]
-            if not problems:
-                _count(parquet, need, path, tally)
-            return problems
-    except (pa.ArrowException, OSError) as exc:
+        with folder.open_input(relative) as file:
+            if file.size() == 0:
+                return [f"empty (0 bytes), not a Parquet file: delete it or write it again ({where} reads every "
+                        "file in its folder)"]
+            with pq.ParquetFile(file) as parquet:
+                problems = [p for c in need.readers if (p := _column_problem(need, c, parquet.schema_arrow))]
+                if not problems:
+                    _count(parquet, need, folder.child(relative).display, tally)
+                return problems
+    except (pa.ArrowException, OSError, StorageError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return [f"not a readable Parquet file ({reason}): write it again, or move it out of the folder of {where} "
                 "(Flink reads every file there whose name does not start with `.` or `_`)"]
@@ -198,7 +200,7 @@ def _fits(actual: pa.DataType, kind: ValueType) -> bool:
     return actual == kind.arrow_type()
 
 
-def _count(parquet: pq.ParquetFile, need: SourceNeeds, path: Path, tally: _Tally) -> None:
+def _count(parquet: pq.ParquetFile, need: SourceNeeds, path: str, tally: _Tally) -> None:
     """Rows, NULL keys and event times, event times in other units and the greatest, from each row group's
     statistics; a row group without them has those columns read (only them, only that group)."""
     metadata = parquet.metadata

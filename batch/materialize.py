@@ -31,6 +31,7 @@ import pyarrow.dataset as ds
 from batch.cluster_writer import ClusterChunkWriter
 from batch.redis_writer import CheckedChunkWriter, RowCommands
 from common.errors import FeaturectlError
+from common.storage import Storage, as_storage
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
 from redis_store import columns, dump, freshness, layout
@@ -58,11 +59,12 @@ class MaterializeStats:
         return self.rows_read / self.seconds if self.seconds else 0.0
 
 
-def _scan(path: Path, view: FeatureView, start: datetime, end: datetime, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    if not path.exists():
+def _scan(path: Path | Storage, view: FeatureView, start: datetime, end: datetime,
+          batch_rows: int) -> Iterator[pa.RecordBatch]:
+    dataset = as_storage(path).dataset()
+    if dataset is None:
         raise MaterializeError(f"feature view `{view.name}` has no offline table at {path}: "
                                f"run `featurectl backfill` for it first")
-    dataset = ds.dataset(path, format="parquet")
     columns = [*view.entity.join_keys, EVENT_TIMESTAMP, *view.output_schema()]
     missing = [c for c in columns if c not in dataset.schema.names]
     if missing:
@@ -112,8 +114,8 @@ def encode_commands(table: pa.Table, view: FeatureView, project: str,
     return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable, key_ttl_s=key_ttl_s)
 
 
-def materialize_view(settings: RedisSettings, view: FeatureView, project: str, offline_path: Path, start: datetime,
-                     end: datetime, batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
+def materialize_view(settings: RedisSettings, view: FeatureView, project: str, offline_path: Path | Storage,
+                     start: datetime, end: datetime, batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
                      on_rows: Optional[Callable[[int], None]] = None,
                      on_written: Optional[Callable[[pa.Table], None]] = None) -> MaterializeStats:
     """Write the latest value per entity in [start, end] of one view's offline table to the Redis of `settings`;

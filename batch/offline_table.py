@@ -1,9 +1,12 @@
-"""A view's offline feature table on disk: Parquet partitioned by UTC date, `date=YYYY-MM-DD/part-*.parquet`.
+"""A view's offline feature table: Parquet partitioned by UTC date, `date=YYYY-MM-DD/part-*.parquet`, in a local
+folder or in shared storage (`common.storage`).
 
 A write replaces one time range [start, end). New files are staged beside the table; the rows of touched dates
 that lie outside the range are carried over into the staged partition; then each touched partition is swapped
-in by two renames. So re-running a range replaces it and never duplicates it, rows outside it survive, and a
-reader sees the old or the new partition of a date, never a mix (between the two renames, briefly, neither).
+in. So re-running a range replaces it and never duplicates it, and rows outside it survive. In a local folder
+the swap is two renames, so a reader sees the old or the new partition of a date, never a mix (between the two
+renames, briefly, neither). An object store has no rename of a folder: there the old partition's files are
+deleted and the staged ones moved in one by one, and a reader during the swap may see part of a date.
 Staged and retired folders start with a dot, which Arrow's dataset discovery (and so Feast's and ours) skips.
 A vector feature (Arrow's fixed-size list) is stored as a variable-size list with NULLs of length 0: Parquet has
 no fixed-size list anyway, and pyarrow 16 cannot write a NULL one (as a vector is once it outlives the ttl).
@@ -12,7 +15,6 @@ no fixed-size list anyway, and pyarrow 16 cannot write a NULL one (as a vector i
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from common.errors import FeaturectlError
+from common.storage import Storage, as_storage
 from dsl.compile_feast import EVENT_TIMESTAMP
 
 log = logging.getLogger(__name__)
@@ -57,20 +59,20 @@ class RangeWriter:
     Use as a context manager: leaving the block by an exception discards everything staged.
     """
 
-    def __init__(self, path: Path, schema: pa.Schema, start_ms: int, end_ms: int):
-        self.path = path
+    def __init__(self, path: Path | Storage, schema: pa.Schema, start_ms: int, end_ms: int):
+        self.table = as_storage(path)
         self.schema = schema
         self.start_ms, self.end_ms = start_ms, end_ms
-        self.staging = path.parent / f".staging-{path.name}-{uuid.uuid4().hex[:12]}"
+        self.staging = self.table.parent.child(f".staging-{self.table.name}-{uuid.uuid4().hex[:12]}")
         self.stats = WriteStats()
         self._parts = 0
 
     def __enter__(self) -> "RangeWriter":
-        self.staging.mkdir(parents=True)
+        self.staging.make()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.delete()
 
     def write(self, rows: pa.Table) -> None:
         """Stage rows (all within the range), one file per date they fall on."""
@@ -92,30 +94,40 @@ class RangeWriter:
             kept = self._rows_outside_range(day)
             if kept is not None and kept.num_rows:
                 self._stage(day, kept, "part-kept.parquet")
-        retired = self.staging / ".retired"
-        retired.mkdir()
         for day in _days(self.start_ms, self.end_ms):
-            current, staged = self.path / partition_name(day), self.staging / partition_name(day)
-            if current.exists():
-                current.rename(retired / current.name)
-            if staged.exists():
-                self.path.mkdir(parents=True, exist_ok=True)
-                staged.rename(current)
-        log.info("offline table %s: %d rows in %d files for [%d, %d)", self.path, self.stats.rows,
+            current, staged = self.table.child(partition_name(day)), self.staging.child(partition_name(day))
+            if self.table.is_local:
+                self._rename_in(Path(current.display), Path(staged.display))
+            else:
+                current.delete()
+                staged.move_files(current)
+        log.info("offline table %s: %d rows in %d files for [%d, %d)", self.table, self.stats.rows,
                  self.stats.files, self.start_ms, self.end_ms)
         return self.stats
 
+    def _rename_in(self, current: Path, staged: Path) -> None:
+        """Swap a staged partition folder in for the current one by two renames (the current one is retired
+        into the staging folder, which goes on exit)."""
+        retired = Path(self.staging.display) / ".retired"
+        retired.mkdir(exist_ok=True)
+        if current.exists():
+            current.rename(retired / current.name)
+        if staged.exists():
+            current.parent.mkdir(parents=True, exist_ok=True)
+            staged.rename(current)
+
     def _stage(self, day: int, rows: pa.Table, name: str) -> None:
-        folder = self.staging / partition_name(day)
-        folder.mkdir(exist_ok=True)
-        pq.write_table(storable(rows), folder / name)
+        self.staging.write_parquet(f"{partition_name(day)}/{name}", storable(rows))
         self.stats.files += 1
 
     def _rows_outside_range(self, day: int) -> pa.Table | None:
-        partition = self.path / partition_name(day)
-        if not partition.exists() or (self.start_ms <= day * DAY_MS and (day + 1) * DAY_MS <= self.end_ms):
+        if self.start_ms <= day * DAY_MS and (day + 1) * DAY_MS <= self.end_ms:
             return None
-        table = ds.dataset(partition, format="parquet").to_table()
+        partition = self.table.child(partition_name(day))
+        dataset = partition.dataset()
+        if dataset is None:
+            return None
+        table = dataset.to_table()
         ts = table.column(EVENT_TIMESTAMP).cast(pa.int64())
         outside = pc.or_(pc.less(ts, self.start_ms), pc.greater_equal(ts, self.end_ms))
         return _conform(table.filter(outside), self.schema, partition)
@@ -135,7 +147,7 @@ def storable(table: pa.Table) -> pa.Table:
     return table
 
 
-def _conform(table: pa.Table, schema: pa.Schema, where: Path) -> pa.Table:
+def _conform(table: pa.Table, schema: pa.Schema, where: Storage) -> pa.Table:
     """Old rows in the current schema: columns the view no longer has dropped, new ones NULL."""
     columns = []
     for field in schema:
@@ -152,11 +164,11 @@ def _conform(table: pa.Table, schema: pa.Schema, where: Path) -> pa.Table:
     return pa.table(columns, schema=schema)
 
 
-def read_range(path: Path, columns: list[str], start_ms: int, end_ms: int) -> pa.Table:
+def read_range(path: Path | Storage, columns: list[str], start_ms: int, end_ms: int) -> pa.Table:
     """Rows with start_ms <= event_timestamp < end_ms, reading only the partitions of those dates."""
-    if not path.is_dir():
+    dataset = as_storage(path).dataset(partitioning="hive")
+    if dataset is None:
         raise FileNotFoundError(path)
-    dataset = ds.dataset(path, format="parquet", partitioning="hive")
     missing = [c for c in columns if c not in dataset.schema.names]
     if missing:
         raise OfflineTableError(f"offline table {path} lacks columns {missing}: re-run `featurectl backfill` "

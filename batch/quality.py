@@ -31,7 +31,7 @@ from batch.offline_table import read_range
 from batch.windows import OFFLINE_TIMESTAMP_TYPE
 from common.feature_profile import FeatureProfile, categorical_profile, numeric_profile
 from common.quality_log import CheckResult, QualityRecord
-from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
+from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_location
 from dsl.expectations import AllowedValues, Expectation, InRange, MaxChange, NotNullRate
 from dsl.feature_view import FeatureView
 from dsl.types import ValueType, Vector
@@ -43,12 +43,12 @@ def written_rows(view: FeatureView, data_dir, start_ms: int, end_ms: int) -> pa.
     """The view's offline rows of [start_ms, end_ms), sorted by entity then time (none: an empty table)."""
     keys = list(view.entity.join_keys)
     columns = [*keys, EVENT_TIMESTAMP, *view.output_schema()]
-    path = offline_table_path(data_dir, view)
-    if not path.is_dir():
+    try:
+        table = read_range(offline_table_location(data_dir, view), columns, start_ms, end_ms)
+    except FileNotFoundError:
         fields = [(k, t.arrow_type()) for k, t in view.entity.join_keys.items()]
         fields += [(EVENT_TIMESTAMP, OFFLINE_TIMESTAMP_TYPE)]
         return pa.schema(fields + [(n, t.arrow_type()) for n, t in view.output_schema().items()]).empty_table()
-    table = read_range(path, columns, start_ms, end_ms)
     return table.sort_by([(k, "ascending") for k in keys] + [(EVENT_TIMESTAMP, "ascending")])
 
 

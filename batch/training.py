@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 
 from batch.offline_table import read_range
 from common.errors import FeaturectlError
-from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
+from common.storage import Storage
+from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_location
 from dsl.duration import milliseconds
 from dsl.feature_view import FeatureView
 from dsl.on_demand import OnDemandView
@@ -85,7 +86,7 @@ def stored_reads(wanted: Wanted) -> list[tuple[FeatureView, list[str]]]:
 
 
 def get_historical_features(entity_df: pd.DataFrame, features: str | Sequence[str], repo: Repository,
-                            data_dir: Path, *, full_feature_names: bool = False,
+                            data_dir: Path | Storage, *, full_feature_names: bool = False,
                             timestamp_column: str = EVENT_TIMESTAMP) -> pd.DataFrame:
     """`entity_df` (join keys + `timestamp_column`) with the features as of each row's time, rows in order.
 
@@ -99,7 +100,7 @@ def get_historical_features(entity_df: pd.DataFrame, features: str | Sequence[st
     return table.to_pandas(types_mapper=nullable.get)
 
 
-def training_table(entities: pa.Table, features: str | Sequence[str], repo: Repository, data_dir: Path, *,
+def training_table(entities: pa.Table, features: str | Sequence[str], repo: Repository, data_dir: Path | Storage, *,
                    full_feature_names: bool = False, timestamp_column: str = EVENT_TIMESTAMP) -> pa.Table:
     """The Arrow form of `get_historical_features`: `entities` with one column appended per feature."""
     wanted = resolve_features(repo, features)
@@ -181,7 +182,7 @@ def _output_names(wanted: Wanted, full: bool) -> dict[tuple[str, str], str]:
 
 
 def as_of(view: FeatureView, features: list[str], entities: pa.Table, times: np.ndarray,
-          data_dir: Path) -> dict[str, pa.ChunkedArray | pa.Array]:
+          data_dir: Path | Storage) -> dict[str, pa.ChunkedArray | pa.Array]:
     """Each request's values of `features` from the view's offline table (see the module docstring)."""
     keys = list(view.entity.join_keys)
     missing = [k for k in keys if k not in entities.column_names]
@@ -190,7 +191,7 @@ def as_of(view: FeatureView, features: list[str], entities: pa.Table, times: np.
                                f"{', '.join(missing)}")
     tile, ttl = milliseconds(view.tile), milliseconds(view.ttl)
     first, stop = int(times.min()) - ttl, int(times.max()) // tile * tile + 1
-    path = offline_table_path(data_dir, view)
+    path = offline_table_location(data_dir, view)
     try:
         rows = read_range(path, [*keys, EVENT_TIMESTAMP, *features], first, stop)
     except FileNotFoundError:

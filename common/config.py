@@ -153,6 +153,11 @@ class PlatformSettings(BaseModel):
                           "exported tiles): a folder, or a Flink filesystem URI (s3://bucket/prefix, hdfs://..., "
                           "file:///mnt/shared) that every TaskManager reaches; None: folders under "
                           "state_dir and data_dir, on this machine only")
+    data_storage: Optional[str] = Field(
+        None, description="where the sources' Parquet histories (a source's relative `path`) and the views' "
+                          "offline tables live, when not in data_dir: a Flink filesystem URI (s3://bucket/prefix, "
+                          "hdfs://..., file:///mnt/shared) that the TaskManagers and every host running featurectl "
+                          "reach. Feature logs, asset files and the history `POST /push` appends to stay in data_dir")
     s3: S3Settings = S3Settings()
     kafka: KafkaSettings = KafkaSettings()
     postgres: PostgresSettings = PostgresSettings()
@@ -196,6 +201,29 @@ class ProjectConfig:
         if "://" not in where:
             return Storage.local((self.repo_path / where).resolve(), self.platform.s3)
         return Storage(where, self.platform.s3)
+
+    @property
+    def data_storage(self):
+        """The `common.storage.Storage` holding the sources' histories and the views' offline tables:
+        `platform.data_storage`, else the local data_dir."""
+        from common.storage import Storage
+
+        where = self.platform.data_storage
+        if where is None:
+            return Storage.local(self.data_dir)
+        if "://" not in where:
+            raise ConfigError(f"platform.data_storage {where!r} is not a URI: give a Flink filesystem URI such as "
+                              "s3://bucket/prefix, or leave it out and set platform.data_dir to the folder")
+        return Storage(where, self.platform.s3)
+
+    def local_data_dir(self, what: str) -> Path:
+        """The data folder for `what`, which writes the histories or offline tables as local files; refused when
+        they live elsewhere (`platform.data_storage`)."""
+        storage = self.data_storage
+        if not storage.is_local:
+            raise ConfigError(f"{what} works on local files, but platform.data_storage puts the histories and "
+                              f"offline tables in {storage.uri}: run it against a repo whose data is in a folder")
+        return Path(storage.display)
 
     @property
     def redis_host_port(self) -> tuple[str, int]:

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote, urlparse
 from xml.sax.saxutils import escape
 
 from common.config import S3Settings
@@ -49,28 +49,39 @@ class Storage:
         return urlparse(self.uri).scheme
 
     def child(self, *parts: str) -> "Storage":
-        return Storage("/".join([self.uri.rstrip("/"), *parts]), self.s3)
+        """A folder under this one (names quoted as a `file://` URI needs)."""
+        named = [quote(part) for part in parts] if self.is_local else list(parts)
+        return Storage("/".join([self.uri.rstrip("/"), *named]), self.s3)
+
+    @property
+    def parent(self) -> "Storage":
+        return Storage(self.uri.rstrip("/").rsplit("/", 1)[0], self.s3)
 
     @property
     def name(self) -> str:
-        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+        last = self.uri.rstrip("/").rsplit("/", 1)[-1]
+        return unquote(last) if self.is_local else last
 
     @property
     def display(self) -> str:
         """The folder as people write it: a local path, else the URI."""
         parsed = urlparse(self.uri)
-        return parsed.path if parsed.scheme == "file" else self.uri
+        return unquote(parsed.path) if parsed.scheme == "file" else self.uri
 
     def __str__(self) -> str:
         return self.display
 
-    def _filesystem(self):
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    def located(self):
         """(pyarrow filesystem, path in it) of this folder."""
         from pyarrow import fs
 
         parsed = urlparse(self.uri)
         if parsed.scheme == "file":
-            return fs.LocalFileSystem(), parsed.path
+            return fs.LocalFileSystem(), unquote(parsed.path)
         if parsed.scheme in ("s3", "s3a"):
             s3 = self.s3 or S3Settings()
             options: dict = {"region": s3.region}
@@ -86,9 +97,10 @@ class Storage:
 
     def _call(self, what: str, call):
         try:
-            return call(*self._filesystem())
+            return call(*self.located())
         except OSError as exc:
-            raise StorageError(f"shared storage {self.uri}: {what} failed: {exc}") from None
+            raise StorageError(f"{'folder' if self.is_local else 'shared storage'} {self.display}: {what} failed: "
+                               f"{exc}") from None
 
     def file_times(self) -> dict[str, int]:
         """Every file under this folder (path relative to it) with its modification time in ns, from one listing;
@@ -143,15 +155,50 @@ class Storage:
         if files or self.scheme == "file" and Path(self.display).exists():
             self._call("deleting", remove)
 
-    def dataset(self):
+    def readable_files(self) -> list[str]:
+        """The files under this folder that Flink's filesystem source and Arrow's datasets read: all but those
+        whose name, or a folder's on the way, starts with `.` or `_` (hidden, or still being written)."""
+        return [name for name in self.files() if not any(part.startswith((".", "_")) for part in name.split("/"))]
+
+    def dataset(self, **options):
         """The Parquet files under the folder as one pyarrow dataset (Flink's part files have no suffix; names
-        starting with `.` or `_`, Flink's in-progress files, are skipped); None when there are none."""
+        starting with `.` or `_` on the way, Flink's in-progress files, are skipped); None when there are none.
+        `options` go to `pyarrow.dataset.dataset` (e.g. `partitioning`)."""
         import pyarrow.dataset as ds
 
-        if not self.files():
+        files = self.readable_files()
+        if not files:
             return None
-        return self._call("reading", lambda filesystem, path: ds.dataset(path, filesystem=filesystem,
-                                                                         format="parquet"))
+        # the files listed here, not a discovery of Arrow's own: that would take a server's stand-in object for a
+        # folder (see `file_times`) for a Parquet file
+        return self._call("reading", lambda filesystem, path: ds.dataset(
+            [f"{path}/{name}" for name in files], filesystem=filesystem, format="parquet", partition_base_dir=path,
+            **options))
+
+    def open_input(self, relative: str):
+        """A file under the folder, opened for random access (what a Parquet reader needs)."""
+        return self._call("opening a file", lambda filesystem, path: filesystem.open_input_file(f"{path}/{relative}"))
+
+    def write_parquet(self, relative: str, table) -> None:
+        """Write `table` as the Parquet file `relative` under the folder (its local folders made)."""
+        import pyarrow.parquet as pq
+
+        target = self.child(*relative.split("/"))
+        target.parent.make()
+        self._call("writing", lambda filesystem, path: pq.write_table(table, f"{path}/{relative}",
+                                                                       filesystem=filesystem))
+
+    def move_files(self, destination: "Storage") -> None:
+        """Move every file under this folder to the same place under `destination` (in the same filesystem), one
+        at a time: object stores have no rename of a folder."""
+        files = self.files()
+        _, target = destination.located()
+
+        def move(filesystem, path):
+            for relative in files:
+                filesystem.move(f"{path}/{relative}", f"{target}/{relative}")
+
+        self._call("moving", move)
 
     def jvm_environment(self, jars: Path) -> dict[str, str]:
         """Environment the PyFlink gateway JVM needs to open this storage: nothing for a local folder; for S3,
@@ -164,6 +211,17 @@ class Storage:
             raise StorageError(f"shared storage {self.uri} needs Flink's S3 filesystem, {S3_JAR_GLOB}, in {jars}: "
                                "run scripts/setup.sh")
         return {"HADOOP_CLASSPATH": str(found[-1]), "HADOOP_CONF_DIR": str(_hadoop_conf(self.s3 or S3Settings()))}
+
+
+def remote(*storages: "Optional[Storage]") -> "Optional[Storage]":
+    """The first of `storages` that is not a local folder: the one whose filesystem a job's JVM needs (a job
+    reading history from S3 and writing tiles to a local folder needs S3's); None when all are local."""
+    return next((s for s in storages if s is not None and not s.is_local), None)
+
+
+def as_storage(where: "Path | Storage") -> "Storage":
+    """A folder given as a local path or as a `Storage`, as a `Storage`."""
+    return where if isinstance(where, Storage) else Storage.local(Path(where))
 
 
 def s3_flink_options(s3: S3Settings) -> dict[str, str]:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from dsl.compile_flink import CompiledView, SourceSettings, source_path
+from common.storage import Storage, as_storage
+from dsl.compile_flink import CompiledView, SourceSettings, source_location
 from dsl.entity import Entity
 from dsl.errors import DuplicateNameError
 from dsl.feature_view import FeatureService, FeatureView
@@ -54,10 +55,22 @@ class FeastObjects:
                 *self.feature_services]
 
 
+def offline_table_location(data_dir: Path | Storage, view: FeatureView | str) -> Storage:
+    """Where the backfill writes a view's offline feature table (one folder of Parquet files), in a local data
+    folder or shared storage; `view` may be a name (a view known only from the registry)."""
+    return as_storage(data_dir).child("offline", view if isinstance(view, str) else view.name)
+
+
 def offline_table_path(data_dir: Path, view: FeatureView | str) -> Path:
-    """Where the backfill writes a view's offline feature table (one folder of Parquet files); `view` may be a
-    name (a view known only from the registry)."""
+    """The local folder of a view's offline table, for what rewrites it as local files."""
     return data_dir / "offline" / (view if isinstance(view, str) else view.name)
+
+
+def file_source_location(location: Storage) -> dict[str, str]:
+    """A Feast `FileSource`'s `path` (and S3 endpoint, for an S3-compatible server) of a folder."""
+    if location.scheme in ("s3", "s3a") and location.s3 is not None and location.s3.endpoint:
+        return {"path": "s3://" + location.uri.split("://", 1)[1], "s3_endpoint_override": location.s3.endpoint}
+    return {"path": location.display}
 
 
 def push_source_name(view: FeatureView) -> str:
@@ -111,8 +124,9 @@ def feast_event_source(source: EventSource, settings: SourceSettings) -> list:
     from feast import FileSource, KafkaSource
     from feast.data_format import JsonFormat, ParquetFormat
 
-    history = FileSource(name=history_source_name(source), path=str(source_path(source, settings.data_dir)),
-                         file_format=ParquetFormat(), timestamp_field=source.timestamp_field,
+    location = file_source_location(source_location(source, settings.data_dir))
+    history = FileSource(name=history_source_name(source), **location, file_format=ParquetFormat(),
+                         timestamp_field=source.timestamp_field,
                          description=f"Parquet history of {source.name} (event time in epoch ms): what "
                                      "`featurectl backfill` and a stream's start read")
     if not source.kafka_topic:
@@ -132,7 +146,7 @@ def _view_tags(view: FeatureView, compiled: CompiledView, settings: SourceSettin
     source = view.source
     tags = {**view.tags, "featurectl.source": source.name, "featurectl.tile": str(view.tile),
             "featurectl.offline": str(view.offline).lower(),
-            "featurectl.history": str(source_path(source, settings.data_dir)),
+            "featurectl.history": source_location(source, settings.data_dir).display,
             "featurectl.tile_query": compiled.tile_query}
     if source.kafka_topic:
         tags["featurectl.kafka_topic"] = source.kafka_topic
@@ -142,8 +156,8 @@ def _view_tags(view: FeatureView, compiled: CompiledView, settings: SourceSettin
 def _feast_view(view: FeatureView, compiled: CompiledView, settings: SourceSettings):
     from feast import FeatureView as FeastFeatureView, Field, FileSource, PushSource
 
-    batch = FileSource(name=f"{view.name}_offline", path=str(offline_table_path(settings.data_dir, view)),
-                       timestamp_field=EVENT_TIMESTAMP,
+    location = file_source_location(offline_table_location(settings.data_dir, view))
+    batch = FileSource(name=f"{view.name}_offline", **location, timestamp_field=EVENT_TIMESTAMP,
                        description=f"offline feature table of {view.name}: its tile query over "
                                    f"{history_source_name(view.source)}, written by `featurectl backfill`")
     push = PushSource(name=push_source_name(view), batch_source=batch)

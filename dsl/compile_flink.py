@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from common.storage import Storage, as_storage
 from dsl import aggregates, sql_functions
+from dsl.errors import DefinitionError
 from dsl.aggregates import Partial
 from dsl.compile_stream_source import KafkaRead, SourceRelation, lateness_ms, source_relation
 from dsl.duration import milliseconds, sql_interval
@@ -46,7 +48,7 @@ class SourceSettings:
     -> epoch ms) is where a stream's Kafka events start to count: the history before it comes from Parquet."""
 
     bootstrap_servers: str
-    data_dir: Path
+    data_dir: Path | Storage  # the sources' histories and the offline tables: a local folder or shared storage
     consumer_group: str = "featurectl"  # the Kafka consumer group of the streaming source
     startup: Mapping[str, str] = field(default_factory=lambda: dict(FROM_COMMITTED_OR_EARLIEST))
     cutovers: Mapping[str, int] = field(default_factory=dict)
@@ -133,13 +135,29 @@ def _columns(source: EventSource) -> list[str]:
     return lines
 
 
+def source_location(source: EventSource, data_dir: Path | Storage) -> Storage:
+    """The folder of the source's Parquet history: its `path` when that is a URI or an absolute path, else
+    that path (or its name) under the data folder, which may be shared storage itself."""
+    path = source.path or source.name
+    data = as_storage(data_dir)
+    if "://" in path:
+        return Storage(path, data.s3)
+    if Path(path).is_absolute():
+        return Storage.local(Path(path), data.s3)
+    return data.child(*Path(path).parts)
+
+
 def source_path(source: EventSource, data_dir: Path) -> Path:
-    path = Path(source.path or source.name)
-    return path if path.is_absolute() else data_dir / path
+    """The local folder of the source's history, for what writes it as local files (a push, a delete)."""
+    location = source_location(source, data_dir)
+    if not location.is_local:
+        raise DefinitionError(f"source `{source.name}`", f"has its history at {location.uri}, not in a local folder",
+                              "this command writes local files only: run it where the history is a folder")
+    return Path(location.display)
 
 
 def batch_source_ddl(source: EventSource, settings: SourceSettings) -> str:
-    options = {"connector": "filesystem", "path": source_path(source, settings.data_dir).as_uri(),
+    options = {"connector": "filesystem", "path": source_location(source, settings.data_dir).uri,
                "format": "parquet"}
     return create_table(source.name, _columns(source), options)
 

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Sequence
 
 from dsl.compile_feast import feast_entity_names, history_source_name
-from dsl.compile_flink import CompiledView, SourceSettings, source_path
+from dsl.compile_flink import CompiledView, SourceSettings, source_location
 from dsl.feature_view import FeatureService, FeatureView
 from dsl.on_demand import OnDemandView
 from dsl.repo import Repository
@@ -88,7 +88,7 @@ def _definition_run(namespace: str, job: str, facets: dict, inputs: list[dict], 
 def _source_datasets(source: EventSource, settings: SourceSettings) -> list[dict]:
     """The source's Kafka topic (when it has one) and its Parquet history."""
     schema = {"fields": [{"name": name, "type": kind.flink_sql} for name, kind in source.schema.items()]}
-    history = str(source_path(source, settings.data_dir))
+    history = source_location(source, settings.data_dir).display
     datasets = [{"namespace": "file", "name": history,
                  "facets": {"schema": schema, "feast_dataSource": {
                      "name": history_source_name(source), "source_type": "FileSource", "path": history,

@@ -26,7 +26,8 @@ class EventSource:
     `watermark_delay` is the bounded out-of-orderness of the Flink watermark (the watermark trails the greatest
     event time seen by this much); `allowed_lateness` is how far behind the watermark an event may still arrive
     and count: later events go to the dead-letter topic instead. `kafka_topic` feeds streaming jobs; `path`
-    (a Parquet folder, relative to the repo's data folder unless absolute) feeds backfills. `kafka_partitions`
+    (a Parquet folder, relative to the repo's data folder unless absolute or a Flink filesystem URI such as
+    `s3://bucket/events`) feeds backfills. `kafka_partitions`
     and `kafka_replication_factor` are how `featurectl stream` creates the topic and its dead-letter and tile
     topics when they do not exist (default: `platform.kafka`, partitions else the stream's parallelism).
     """

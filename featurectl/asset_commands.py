@@ -36,7 +36,8 @@ def _asset_views(repo, source_name: Optional[str]):
 def _target(cfg):
     from batch.backfill import BackfillTarget
 
-    return BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers)
+    return BackfillTarget(cfg.local_data_dir("featurectl assets"), cfg.registry_url, cfg.project,
+                          cfg.platform.kafka.bootstrap_servers)
 
 
 def _materialize(cfg, views, written: dict[str, tuple[int, int]]) -> None:
@@ -61,8 +62,9 @@ def _materialize(cfg, views, written: dict[str, tuple[int, int]]) -> None:
                         "run `featurectl apply`, then `featurectl materialize`", fg="yellow", err=True)
             continue
         start, end = (dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc) for ms in written[view.name])
-        stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
-                                 offline_table_path(cfg.data_dir, view), start, end, key_ttl_s=cfg.key_ttl_seconds,
+        offline = offline_table_path(cfg.local_data_dir("featurectl assets"), view)
+        stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project, offline, start, end,
+                                 key_ttl_s=cfg.key_ttl_seconds,
                                  on_written=vector_sink(cfg, view))
         store.registry.apply_materialization(feast_view, cfg.project, start, end, commit=True)
         click.echo(f"{view.name}: materialized {stats.entities_written:,} assets into Redis")

@@ -55,7 +55,7 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
     jobmanager = check_jobmanager(jobmanager or cfg.platform.flink.jobmanager)
     repo = load_repo(cfg.repo_path)
     views = [repo.view(name) for name in view_names] or [v for v in repo.views if v.offline]
-    target = BackfillTarget(cfg.data_dir, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers,
+    target = BackfillTarget(cfg.data_storage, cfg.registry_url, cfg.project, cfg.platform.kafka.bootstrap_servers,
                             cfg.shared_storage)
     progress = TqdmProgress()
     try:
@@ -159,7 +159,7 @@ def _training_set(cfg: ProjectConfig, entities_path: Path, features: str | list[
     repo = load_repo(cfg.repo_path)
     began = time.monotonic()
     entities = read_entities(entities_path)
-    table = training_table(entities, features, repo, cfg.data_dir, full_feature_names=full_feature_names)
+    table = training_table(entities, features, repo, cfg.data_storage, full_feature_names=full_feature_names)
     _warn_uncovered(cfg, [view for view, _ in stored_reads(resolve_features(repo, features))],
                     request_times_ms(entities, EVENT_TIMESTAMP))
     out_path.parent.mkdir(parents=True, exist_ok=True)

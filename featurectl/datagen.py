@@ -36,8 +36,9 @@ def history(ctx, start: str | None, days: int, events_per_day: int, assets: int,
     today = dt.datetime.now(dt.timezone.utc).date()
     first = dt.date.fromisoformat(start) if start else today - dt.timedelta(days=days)
     start_ms = int(dt.datetime(first.year, first.month, first.day, tzinfo=dt.timezone.utc).timestamp() * 1000)
+    data_dir = cfg.local_data_dir("featurectl datagen history")
     with tqdm(total=days * events_per_day, unit="ev", unit_scale=True, desc="history") as bar:
-        stats = write_history(_spec(seed, assets, users), cfg.data_dir, start_ms, days, events_per_day,
+        stats = write_history(_spec(seed, assets, users), data_dir, start_ms, days, events_per_day,
                               on_day=bar.update)
     click.echo(f"wrote {stats['events']:,} events over {days} days from {first} and {assets:,} assets "
                f"to {stats['path']}")

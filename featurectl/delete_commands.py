@@ -11,7 +11,7 @@ import click
 
 from common.config import ProjectConfig
 from common.errors import FeaturectlError
-from dsl.compile_feast import offline_table_path
+from dsl.compile_feast import offline_table_location, offline_table_path
 from dsl.compile_flink import source_path
 from dsl.entity import Entity
 from dsl.feature_view import FeatureView
@@ -93,6 +93,7 @@ def delete(ctx, pairs: tuple[str, ...], history: bool, dry_run: bool, yes: bool)
     from redis_store.settings import RedisSettings
 
     cfg = ctx.config()
+    data_dir = cfg.local_data_dir("featurectl delete")
     repo = load_repo(cfg.repo_path)
     given = _parse_entity(pairs)
     matches = _matching_views(repo, given)
@@ -112,12 +113,12 @@ def delete(ctx, pairs: tuple[str, ...], history: bool, dry_run: bool, yes: bool)
         eraser.close()
     for _, typed, views in matches.values():
         for view in views:
-            rows, files = _remove_rows(offline_table_path(cfg.data_dir, view), typed, dry_run, view.name)
+            rows, files = _remove_rows(offline_table_path(data_dir, view), typed, dry_run, view.name)
             click.echo(f"offline table {view.name}: {verb} {rows} row(s) in {files} file(s)")
-    _history(cfg, matches, history, dry_run)
+    _history(data_dir, matches, history, dry_run)
 
 
-def _history(cfg: ProjectConfig, matches: dict, remove: bool, dry_run: bool) -> None:
+def _history(data_dir: Path, matches: dict, remove: bool, dry_run: bool) -> None:
     sources = {}
     for _, typed, views in matches.values():
         for view in views:
@@ -127,7 +128,7 @@ def _history(cfg: ProjectConfig, matches: dict, remove: bool, dry_run: bool) -> 
             click.echo(f"history {source.name}: has no column {', '.join(sorted(set(typed) - set(source.schema)))}"
                        "; nothing to remove")
             continue
-        rows, files = _remove_rows(source_path(source, cfg.data_dir), typed, dry_run or not remove, source.name)
+        rows, files = _remove_rows(source_path(source, data_dir), typed, dry_run or not remove, source.name)
         if remove:
             click.echo(f"history {source.name}: {'would remove' if dry_run else 'removed'} {rows} event(s) in "
                        f"{files} file(s)")
@@ -190,9 +191,9 @@ def teardown(ctx, yes: bool) -> None:
     jobs = _stream_jobs(cfg)
     views = _remove_registered(cfg)
     for name in views:
-        table = offline_table_path(cfg.data_dir, name)
+        table = offline_table_location(cfg.data_storage, name)
         if table.exists():
-            shutil.rmtree(table)
+            table.delete()
             click.echo(f"removed offline table {table}")
     _remove_streams(cfg, jobs)
     keys = KeyStore(cfg.registry_url, cfg.project).delete_project_keys()
@@ -208,7 +209,7 @@ def teardown(ctx, yes: bool) -> None:
         quality_log.close()
     click.echo(f"removed {keys} API key(s), {records} backfill record(s) and {versions} definition version(s)")
     click.echo(f"removed {checks} data-quality record(s) (checks and profiles of backfills)")
-    click.echo(f"kept the sources' history under {cfg.data_dir} and their Kafka topics: they are input, not "
+    click.echo(f"kept the sources' history under {cfg.data_storage} and their Kafka topics: they are input, not "
                "something the project made")
 
 

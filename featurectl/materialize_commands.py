@@ -96,15 +96,15 @@ def vector_sink(cfg, view) -> Optional[Callable]:
 
 def _materialize(cfg, store, job, feast_view) -> None:
     from batch.materialize import materialize_view
-    from dsl.compile_feast import offline_table_path
+    from dsl.compile_feast import offline_table_location
     from redis_store.settings import RedisSettings
 
     view, since, end = job.view, job.start, job.end
     on_written = vector_sink(cfg, view)
     with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
-                                 offline_table_path(cfg.data_dir, view), since, end, key_ttl_s=cfg.key_ttl_seconds,
-                                 on_rows=bar.update, on_written=on_written)
+                                 offline_table_location(cfg.data_storage, view), since, end,
+                                 key_ttl_s=cfg.key_ttl_seconds, on_rows=bar.update, on_written=on_written)
     store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
     click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
                f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than "
@@ -114,11 +114,11 @@ def _materialize(cfg, store, job, feast_view) -> None:
 def _online_views(repo, cfg) -> list:
     """Every online view, less those over an asset source with nothing derived yet (warned about)."""
     from dsl.assets import AssetSource
-    from dsl.compile_feast import offline_table_path
+    from dsl.compile_feast import offline_table_location
 
     out = []
     for view in (v for v in repo.views if v.online):
-        if isinstance(view.source, AssetSource) and not offline_table_path(cfg.data_dir, view).exists():
+        if isinstance(view.source, AssetSource) and not offline_table_location(cfg.data_storage, view).exists():
             click.secho(f"warning: `{view.name}` is left out: asset source `{view.source.name}` has no derived "
                         "assets yet; run `featurectl assets process` first", fg="yellow", err=True)
             continue

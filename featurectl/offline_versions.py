@@ -79,7 +79,7 @@ def check_offline_versions(cfg: ProjectConfig, version_log: VersionLog, jobs: Se
     if unknown:
         raise click.BadParameter(f"{', '.join(sorted(unknown))}: not a view this run materializes",
                                  param_hint="--allow-stale")
-    settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
+    settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_storage)
     applied = version_log.applied(cfg.project)
     checked, problems = Checked(), []
     backfill_log = BackfillLog(cfg.registry_url)

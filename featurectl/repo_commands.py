@@ -23,7 +23,7 @@ from featurectl.lineage import record_lineage
 
 
 def _settings(cfg: ProjectConfig) -> SourceSettings:
-    return SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
+    return SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_storage)
 
 
 def _compiled(cfg: ProjectConfig) -> CompiledRepo:

@@ -163,7 +163,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     kafka = cfg.platform.kafka
     settings = StreamSettings(parallelism=parallelism or cfg.platform.flink.parallelism, partitions=kafka.partitions,
                               replication_factor=kafka.replication_factor, **overrides)
-    sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
+    sources = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_storage)
     target = Target(cfg.project, RedisSettings.from_config(cfg), sources, cfg.state_dir,
                     check_jobmanager(jobmanager or cfg.platform.flink.jobmanager), cfg.key_ttl_seconds,
                     cfg.shared_storage)
@@ -171,7 +171,7 @@ def stream(ctx, names: tuple[str, ...], jobmanager: Optional[str], show_status: 
     stop = threading.Event()
     _stop_on_signals(stop)
     try:
-        history = ParquetHistory(cfg.data_dir, cfg.registry_url, cfg.project, jobmanager=target.jobmanager,
+        history = ParquetHistory(cfg.data_storage, cfg.registry_url, cfg.project, jobmanager=target.jobmanager,
                                  parallelism=settings.parallelism, storage=target.storage)
         runner = StreamRunner(target, views, all_views, settings, history, reset)
         redis_at = ",".join(f"{host}:{port}" for host, port in target.redis.nodes)

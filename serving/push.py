@@ -87,7 +87,6 @@ class Pusher:
         self.config = config
         self._index: Optional[Any] = None
         self.targets = PushTargets(load_repo(config.repo_path))
-        self.data_dir = config.data_dir
         self.key_ttl_s = config.key_ttl_seconds
         self.bootstrap_servers = config.platform.kafka.bootstrap_servers
         self.delivery_timeout_s = DELIVERY_TIMEOUT_S
@@ -152,7 +151,8 @@ class Pusher:
             return 0, None
         history = None
         if prepared.to != "online":
-            history = append_events(source_path(target.source, self.data_dir), target.source, prepared.events)
+            data_dir = self.config.local_data_dir("a push to a source's history")
+            history = append_events(source_path(target.source, data_dir), target.source, prepared.events)
         if prepared.to == "offline":
             return 0, history
         try:

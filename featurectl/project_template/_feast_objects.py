@@ -10,4 +10,4 @@ from dsl.compile_repo import feast_namespace
 
 _config = load_config(Path(__file__).parent)
 globals().update(feast_namespace(_config.repo_path, SourceSettings(_config.platform.kafka.bootstrap_servers,
-                                                                   _config.data_dir)))
+                                                                   _config.data_storage)))

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
@@ -24,11 +23,12 @@ from batch.backfill_log import BackfillLog, BackfillRecord, backfills
 from batch.input_schema import InputSchemaError
 from batch.offline_table import storable
 from common.quality_log import QualityLog
+from common.storage import Storage
 from batch.windows import offline_schema
 from cli_helpers import ROOT, featurectl
 from common.instants import InstantError
 from dsl import load_repo
-from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
+from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_location, offline_table_path
 from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.view_version import view_version
 
@@ -50,8 +50,8 @@ def backfilled(tmp_path_factory, example_repo):
     return backfilled_history(tmp_path_factory, example_repo)
 
 
-def read_offline(data_dir: Path, view) -> pa.Table:
-    table = ds.dataset(offline_table_path(data_dir, view), format="parquet", partitioning="hive").to_table()
+def read_offline(data_dir: Path | Storage, view) -> pa.Table:
+    table = offline_table_location(data_dir, view).dataset(partitioning="hive").to_table()
     return table.sort_by([(k, "ascending") for k in view.entity.join_keys] + [(EVENT_TIMESTAMP, "ascending")])
 
 

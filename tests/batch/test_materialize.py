@@ -62,7 +62,7 @@ def _write_offline(table: pa.Table, path: Path) -> None:
                      existing_data_behavior="delete_matching")
 
 
-def _expected_latest(table: pa.Table, start: dt.datetime, end: dt.datetime) -> dict[str, dict]:
+def expected_latest(table: pa.Table, start: dt.datetime, end: dt.datetime) -> dict[str, dict]:
     latest: dict[str, dict] = {}
     for row in table.to_pylist():
         if start <= row[EVENT_TIMESTAMP] <= end:
@@ -85,7 +85,7 @@ def _apply(repo: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def _read_ours(client, project: str, view, ids: list[str]) -> list[dict]:
+def read_ours(client, project: str, view, ids: list[str]) -> list[dict]:
     encoder = layout.KeyEncoder(project, view.entity.join_keys)
     names = list(view.output_schema())
     fields = layout.hash_fields(view.name, names)
@@ -108,7 +108,7 @@ def test_our_materializer_is_read_identically_by_feast(setup, local_services):
     assert done.returncode == 0, done.stderr
     assert "rows read" in done.stdout
 
-    expected = _expected_latest(table, start, end)
+    expected = expected_latest(table, start, end)
     ids = sorted(expected) + ["asset_missing"]
     store = FeatureStore(repo_path=str(repo))
     names = list(view.output_schema())
@@ -125,9 +125,9 @@ def test_our_materializer_is_read_identically_by_feast(setup, local_services):
     older = featurectl("--repo", str(repo), "materialize", (NOW - dt.timedelta(hours=23)).isoformat(),
                        (NOW - dt.timedelta(hours=21)).isoformat(), "--view", VIEW)
     assert older.returncode == 0, older.stderr
-    assert _read_ours(client, project, view, sorted(expected)) == [
+    assert read_ours(client, project, view, sorted(expected)) == [
         {n: expected[i][n] for n in names} for i in sorted(expected)], "an older row overwrote a newer one"
-    _cleanup(client, project)
+    cleanup(client, project)
 
 
 def test_key_ttl_seconds_from_feature_store_yaml_expires_materialized_keys(setup, local_services):
@@ -144,10 +144,10 @@ def test_key_ttl_seconds_from_feature_store_yaml_expires_materialized_keys(setup
     assert done.returncode == 0, done.stderr
     client = redis.Redis(host, port)
     keys = list(client.scan_iter(match=f"*{project}".encode(), count=1_000))
-    assert len(keys) == len(_expected_latest(table, start, end))
+    assert len(keys) == len(expected_latest(table, start, end))
     ttls = [client.ttl(k) for k in keys]
     assert min(ttls) >= 3500 and max(ttls) <= 3600, (min(ttls), max(ttls))
-    _cleanup(client, project)
+    cleanup(client, project)
 
 
 def test_feast_materialize_is_read_identically_by_us(setup, local_services):
@@ -162,12 +162,12 @@ def test_feast_materialize_is_read_identically_by_us(setup, local_services):
     store = FeatureStore(repo_path=str(repo))
     store.materialize(start_date=start, end_date=end, feature_views=[VIEW])
 
-    expected = _expected_latest(table, start, end)
+    expected = expected_latest(table, start, end)
     client = redis.Redis(*local_services.redis_host_port)
     ids = sorted(expected)
     names = list(view.output_schema())
-    assert _read_ours(client, project, view, ids) == [{n: expected[i][n] for n in names} for i in ids]
-    _cleanup(client, project)
+    assert read_ours(client, project, view, ids) == [{n: expected[i][n] for n in names} for i in ids]
+    cleanup(client, project)
 
 
 def test_missing_offline_table_says_what_to_run(tmp_path, local_services):
@@ -178,7 +178,7 @@ def test_missing_offline_table_says_what_to_run(tmp_path, local_services):
     assert "has no offline table" in done.stderr and "featurectl backfill" in done.stderr
 
 
-def _cleanup(client, project: str) -> None:
+def cleanup(client, project: str) -> None:
     client.delete(record_key(project), history_key(project))
     suffix = project.encode()
     keys = [key for key in client.scan_iter(count=10_000) if key.endswith(suffix)]
@@ -226,7 +226,7 @@ def test_interrupted_materialization_rerun_equals_one_clean_run(tmp_path, local_
         done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         dumps.append(_dump(client, project))
-        _cleanup(client, project)
+        cleanup(client, project)
     assert len(dumps[0]) == 30_000 and dumps[0] == dumps[1]
 
 
@@ -254,7 +254,7 @@ def test_a_far_future_end_needs_force_and_incremental_runs_go_on(tmp_path, local
     assert f": {table.num_rows} rows read" in incremental.stdout, incremental.stdout
     behind = run("materialize-incremental", (NOW - dt.timedelta(hours=1)).isoformat())
     assert behind.returncode == 0 and "nothing to do" in behind.stdout, behind.stdout + behind.stderr
-    _cleanup(redis.Redis(*local_services.redis_host_port), project)
+    cleanup(redis.Redis(*local_services.redis_host_port), project)
 
 
 def _fault_env():

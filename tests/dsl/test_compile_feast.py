@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,9 +12,11 @@ from feast import types as ft
 
 from dsl import Aggregation, Entity, EventSource, FeatureView, Int64, Repository, String, Timestamp
 from dsl.compile_feast import compile_feast
-from dsl.compile_flink import SourceSettings, compile_view
+from common.config import S3Settings
+from common.storage import Storage
+from dsl.compile_flink import SourceSettings, compile_view, source_path
 from dsl.compile_repo import compile_repo
-from dsl.errors import DuplicateNameError
+from dsl.errors import DefinitionError, DuplicateNameError
 
 SETTINGS = SourceSettings("broker-1:9092,broker-2:9092", Path("/data"))
 
@@ -54,6 +57,25 @@ def test_event_sources_are_kafka_sources_over_their_parquet_history(pytestconfig
     history = kafka.batch_source
     assert isinstance(history, FileSource) and history.name == "asset_interactions_history"
     assert history.path == "/data/asset_interactions" and sources["asset_interactions_history"] == history
+
+
+def test_histories_and_offline_tables_in_s3_carry_the_endpoint_to_feast_and_flink(pytestconfig):
+    """`platform.data_storage` on an S3-compatible server: Feast's FileSources name the `s3://` folders with the
+    endpoint; Flink's batch source reads the same URI; a source whose own path is a URI keeps it."""
+    data = Storage("s3://bucket/data", S3Settings(endpoint="http://s3.local:9000", path_style_access=True))
+    settings = SourceSettings("broker:9092", data)
+    objects = compile_repo(pytestconfig.rootpath / "feature_repo", settings).feast
+    sources = {s.name: s for s in objects.data_sources}
+    for name, path in (("asset_interactions_history", "s3://bucket/data/asset_interactions"),
+                       ("asset_activity_offline", "s3://bucket/data/offline/asset_activity")):
+        assert (sources[name].path, sources[name].s3_endpoint_override) == (path, "http://s3.local:9000")
+    repo = compile_repo(pytestconfig.rootpath / "feature_repo", settings).repo
+    view = repo.view("asset_activity")
+    assert "'path' = 's3://bucket/data/asset_interactions'" in compile_view(view, settings).batch_source_ddl
+    elsewhere = dataclasses.replace(view, source=dataclasses.replace(view.source, path="s3a://other/events"))
+    assert "'path' = 's3a://other/events'" in compile_view(elsewhere, SETTINGS).batch_source_ddl
+    with pytest.raises(DefinitionError, match="has its history at s3a://other/events, not in a local folder"):
+        source_path(elsewhere.source, Path("/data"))
 
 
 def test_views_name_their_source_and_carry_their_tile_query(pytestconfig):

@@ -87,3 +87,21 @@ def test_materializing_every_view_leaves_out_asset_views_with_nothing_derived(tm
     _one_line_error(done, "feature view `asset_activity` has no offline table", "run `featurectl backfill`")
     done = featurectl("--repo", str(repo), "materialize", "2026-01-01", "2026-01-02", "--view", "asset_geometry")
     _one_line_error(done, "feature view `asset_geometry` has no offline table")
+
+
+def test_commands_that_write_local_history_refuse_data_in_shared_storage(tmp_path):
+    """With the histories and offline tables in an object store, what writes them as local files says so, in one
+    line, instead of writing a local folder that no backfill reads; a `data_storage` that is no URI is refused."""
+    repo = copy_example_repo(tmp_path, "errs_storage", {"path": f"sqlite:///{tmp_path / 'registry.db'}"},
+                             data_dir=tmp_path / "data")
+    settings = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    settings["platform"]["data_storage"] = "s3://bucket/data"
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    _one_line_error(featurectl("--repo", str(repo), "datagen", "history", "--days", "1"),
+                    "featurectl datagen history works on local files", "s3://bucket/data")
+    _one_line_error(featurectl("--repo", str(repo), "delete", "--entity", "asset_id=asset_000001", "--yes"),
+                    "featurectl delete works on local files")
+    assert not (tmp_path / "data").exists()
+    settings["platform"]["data_storage"] = "shared/data"
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    _one_line_error(featurectl("--repo", str(repo), "plan"), "platform.data_storage 'shared/data' is not a URI")

@@ -31,7 +31,7 @@ from typing import Sequence
 from common.storage import Storage, as_storage
 from dsl.compile_flink import CompiledView, SourceSettings, source_location
 from dsl.entity import Entity
-from dsl.errors import DuplicateNameError
+from dsl.errors import DefinitionError, DuplicateNameError
 from dsl.feature_view import FeatureService, FeatureView
 from dsl.on_demand import OnDemandView, RequestFields
 from dsl.repo import Repository
@@ -90,12 +90,18 @@ def feast_entity_names(entity: Entity) -> list[str]:
     return [f"{entity.name}__{key}" for key in entity.join_keys]
 
 
-def feature_log_path(data_dir: Path, service: str) -> Path:
-    """Where `featurectl serve` logs the vectors it serves for a feature service with logging."""
-    return data_dir / "feature_logs" / service
+def feature_log_path(data_dir: Path | Storage, service: str) -> Path:
+    """Where `featurectl serve` logs the vectors it serves for a feature service with logging: a folder of the
+    local data folder, since the server writes local files."""
+    location = as_storage(data_dir)
+    if not location.is_local:
+        raise DefinitionError(f"feature service `{service}`", f"logs its served vectors, but the data is in "
+                              f"{location.uri}, not a local folder", "feature logs are written as local files: "
+                              "drop `logging` from the service or keep platform.data_storage unset")
+    return Path(location.display) / "feature_logs" / service
 
 
-def _logging_config(service: FeatureService, data_dir: Path):
+def _logging_config(service: FeatureService, data_dir: Path | Storage):
     from feast.feature_logging import LoggingConfig
     from feast.infra.offline_stores.file_source import FileLoggingDestination
 

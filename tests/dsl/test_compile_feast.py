@@ -132,3 +132,10 @@ def test_logged_service_compiles_to_feast_logging_config():
     assert (config.destination.path, config.destination.partition_by, config.sample_rate) == \
         ("/data/feature_logs/ranking", None, 0.25)
     assert services["plain"].logging_config is None
+    local = SourceSettings(SETTINGS.bootstrap_servers, Storage.local(Path("/data")))  # what `featurectl apply` passes
+    services = {s.name: s for s in compile_feast(repo, local, [compile_view(view, local)]).feature_services}
+    assert services["ranking"].logging_config.destination.path == "/data/feature_logs/ranking"
+    remote = SourceSettings(SETTINGS.bootstrap_servers, Storage("s3://bucket/data", S3Settings()))
+    with pytest.raises(DefinitionError, match=r"feature service `ranking`: logs its served vectors, but the data "
+                                              r"is in s3://bucket/data"):
+        compile_feast(repo, remote, [compile_view(view, remote)])

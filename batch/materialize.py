@@ -19,7 +19,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -31,6 +31,7 @@ import pyarrow.dataset as ds
 from batch.cluster_writer import ClusterChunkWriter
 from batch.redis_writer import CheckedChunkWriter, RowCommands
 from common.errors import FeaturectlError
+from common.instants import as_utc
 from common.storage import Storage, as_storage
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
@@ -70,10 +71,21 @@ def _scan(path: Path | Storage, view: FeatureView, start: datetime, end: datetim
     if missing:
         raise MaterializeError(f"offline table {path} lacks columns {missing}: re-run `featurectl backfill`")
     ts = ds.field(EVENT_TIMESTAMP)
-    start_s, end_s = pa.scalar(start, pa.timestamp("us", "UTC")), pa.scalar(end, pa.timestamp("us", "UTC"))
-    ts_type = dataset.schema.field(EVENT_TIMESTAMP).type
-    row_filter = (ts >= start_s.cast(ts_type)) & (ts <= end_s.cast(ts_type))
-    yield from dataset.to_batches(columns=columns, filter=row_filter, batch_size=batch_rows)
+    first, last = timestamp_bounds(start, end, dataset.schema.field(EVENT_TIMESTAMP).type)
+    yield from dataset.to_batches(columns=columns, filter=(ts >= first) & (ts <= last), batch_size=batch_rows)
+
+
+def timestamp_bounds(start: datetime, end: datetime, ts_type: pa.TimestampType) -> tuple[pa.Scalar, pa.Scalar]:
+    """[start, end] as scalars of the table's timestamp type, holding the same stored times: start rounded up and
+    end rounded down to its unit, since a bound finer than the column (microseconds against milliseconds) cannot
+    be cast to it without losing data."""
+    ns_per_unit = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}[ts_type.unit]
+    first, last = _epoch_us(start) * 1_000, _epoch_us(end) * 1_000
+    return pa.scalar(-(-first // ns_per_unit), ts_type), pa.scalar(last // ns_per_unit, ts_type)
+
+
+def _epoch_us(value: datetime) -> int:
+    return (as_utc(value) - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
 
 
 def latest_per_entity(batch: pa.RecordBatch, keys: list[str]) -> pa.Table:

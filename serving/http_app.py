@@ -229,12 +229,7 @@ class FeatureServer:
         stats.in_flight -= 1
         try:
             replies = check_replies(done.result(), self.client.redis.where)  # type: ignore[union-attr]
-            payload, views = request.answer_json(replies)
-            if self.count_served:
-                stats.served.count(views)
-            if self.drift is not None and self.drift.sampling():
-                self.drift.offer(features, request.finish(replies))
-            status, kind = 200, JSON
+            payload, status, kind = self._answered(features, request, replies), 200, JSON
         except Exception as exc:
             failed = self._failure("get-online-features", exc)
             if failed is None:

@@ -99,6 +99,50 @@ def host_mesh(verts: Tensor, faces: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return verts.cpu().numpy(), faces.int().cpu().numpy()
 
 
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _copy_stream(device: torch.device) -> "torch.cuda.Stream":
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return _COPY_STREAMS[device]
+
+
+class SurfaceCopy:
+    """A mesh's vertex and face buffers on their way to the host, so the thread that made them need not wait.
+
+    On CUDA the two copies go to pinned host memory on a side stream (the copy engine, beside the next object's
+    kernels); `wait` blocks on their event with the GIL released. The device buffers are held until then, so the
+    allocator cannot hand their memory out while the copy still reads it. Elsewhere the buffers are read at once.
+    Either way `wait` returns what `host_mesh` returns: the same numbers, faces as int32.
+    """
+
+    def __init__(self, verts: Tensor, faces: Tensor):
+        faces = faces.int()
+        self._event: torch.cuda.Event | None = None
+        self._device: tuple[Tensor, Tensor] | None = None
+        if verts.device.type != "cuda":
+            self._host = (verts.numpy(), faces.numpy())
+            return
+        stream = _copy_stream(verts.device)
+        stream.wait_stream(torch.cuda.current_stream(verts.device))
+        with torch.cuda.stream(stream):
+            host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (verts, faces))
+            for dst, src in zip(host, (verts, faces)):
+                dst.copy_(src, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(stream)
+        self._device, self._pinned = (verts, faces), host
+        self._host = (host[0].numpy(), host[1].numpy())
+
+    def wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """The vertices [V, 3] float32 and faces [F, 3] int32 on the host, once their copies are done."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event, self._device = None, None
+        return self._host
+
+
 class ShapeDecoder:
     """Shape tokens -> mesh, on `device`. `decode_mesh(ids, resolution)` times each stage."""
 

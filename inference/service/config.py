@@ -25,6 +25,10 @@ class ServiceConfig:
     coarse_levels: int = 3                   # coarse-to-fine occupancy levels; 0 = every grid point (dense)
     batch_buckets: tuple[int, ...] = (1, 8)  # the engine's CUDA-graph batch sizes; the largest bounds a batch
     max_batch_wait_ms: float = 2.0           # how long the first request of a batch waits for company
+    tail_wait_ms: float = 100.0              # while objects of earlier batches are still being finished on the host
+                                             # (GLB bytes, the host meshing), a batch that is not full waits up to
+                                             # this long for them, then `max_batch_wait_ms` for their callers to
+                                             # come back; 0 = never
     queue_size: int = 64                     # requests waiting beyond this are refused (HTTP 429)
     timeout_s: float = 60.0                  # how long POST /generate waits for the mesh before answering 202
                                              # with a job id, unless the body sets `timeout_s` (at most 10x this)

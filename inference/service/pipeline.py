@@ -2,8 +2,9 @@
 objects in one coarse-to-fine pass); stages timed.
 
 The GPU work of a batch runs on one thread (the service's worker). On a CUDA device (`mesh_on_device`) the mesh
-is made there too: marching cubes on the grid in device memory, one copy of the vertex and face buffers to the
-host; the service writes the GLB bytes from them in a thread while the worker goes on. Otherwise what follows
+is made there too: marching cubes on the grid in device memory, then the vertex and face buffers' copies to
+pinned host memory on a side stream (`mesh.SurfaceCopy`), not waited for; the service waits for them and writes
+the GLB bytes in a thread while the worker goes on with the next object. Otherwise what follows
 the occupancy grid (marching cubes, GLB export) runs in a worker process (`meshing.MeshPool`) while the device
 takes the next object.
 """
@@ -16,14 +17,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from inference.engine import Engine
 from inference.errors import MeshError
 from inference.glb import glb_bytes
-from inference.mesh import ShapeDecoder, device_surface, host_mesh
+from inference.mesh import ShapeDecoder, SurfaceCopy, device_surface
 from inference.occupancy import Fields, OccupancyGrid, coarse_to_fine_batch, shape_fields
 from inference.service.conditioning import (AssetFeatureFetcher, AssetFeatures, AssetProjection, asset_vector,
                                             bbox_condition)
@@ -85,7 +85,7 @@ class GridJob:
     features: AssetFeatures | None
     bbox: list[float] | None
     batch_size: int
-    surface: tuple[np.ndarray, np.ndarray] | None = None   # device path: vertices, faces on the host
+    surface: SurfaceCopy | None = None       # device path: vertices, faces on their way to the host
     marching_cubes_s: float = 0.0
     error: MeshError | None = None
     tokens: list[int] = field(default_factory=list)
@@ -201,22 +201,25 @@ class Pipeline:
         return GridJob(request, shared, stages, features, bbox, batch_size)
 
     def device_mesh(self, values: Tensor, job: GridJob) -> None:
-        """Marching cubes on the device, then the two buffers to the host (the `to_host` stage)."""
+        """Marching cubes on the device; the two buffers' copies to the host are started, not waited for:
+        `export_glb` waits for them (the `to_host` stage) in its thread while this one takes the next object."""
         t0 = time.perf_counter()
         verts, faces = device_surface(values, self.shapes.cfg.bounds)
         self._sync()
-        t1 = time.perf_counter()
-        job.surface = host_mesh(verts, faces)
-        job.stages["to_host"] = time.perf_counter() - t1
-        job.marching_cubes_s = t1 - t0
+        job.marching_cubes_s = time.perf_counter() - t0
+        job.surface = SurfaceCopy(verts, faces)
 
 
 def export_glb(job: GridJob) -> MeshOutput:
-    """GLB bytes of a device-meshed job (in a thread beside the device worker: numpy copies release the GIL)."""
+    """GLB bytes of a device-meshed job (in a thread beside the device worker: numpy copies release the GIL),
+    after its buffers' copies to the host (`to_host`: the wait for them here)."""
     t0 = time.perf_counter()
-    verts, faces = job.surface
+    verts, faces = job.surface.wait()
+    t1 = time.perf_counter()
+    job.stages["to_host"] = t1 - t0
+    job.surface = None                                   # the pinned buffers go back once the bytes are written
     glb = glb_bytes(verts, faces)
-    return MeshOutput(glb, len(verts), len(faces), job.marching_cubes_s, time.perf_counter() - t0)
+    return MeshOutput(glb, len(verts), len(faces), job.marching_cubes_s, time.perf_counter() - t1)
 
 
 def result_of(job: GridJob, mesh: MeshOutput) -> GenerationResult:

@@ -152,6 +152,58 @@ def _eager_modes(engine, cond, uncond, n: int, batch: int, quick: bool) -> dict[
     return out
 
 
+def bench_fp8(config: str, device: torch.device, dtype: torch.dtype, n_tokens: int | None, quick: bool,
+              prompts_n: int = 4) -> dict[str, Any]:
+    """Weight-only FP8 decode (`inference.fp8`) beside the same random weights unquantized: TPOT of one prompt
+    with guidance, and the error it costs: teacher-forced logits on the unquantized model's greedy ids, and greedy
+    ids with guidance, for `prompts_n` prompts."""
+    from inference.engine import Engine
+
+    engines = {name: Engine(config, None, device, dtype, mode="auto", batch_buckets=(1, prompts_n), init_std=0.02,
+                            fp8_weights=name == "fp8") for name in ("plain", "fp8")}
+    plain, fp8 = engines["plain"], engines["fp8"]
+    n = n_tokens or plain.cfg.n_generated
+    cond, uncond = prompts(plain, prompts_n)
+    out: dict[str, Any] = {"config": config, "tokens": n, "mode": fp8.mode, "dtype": str(dtype).split(".")[-1]}
+    for name, engine in engines.items():
+        _, st, _ = timed_generate(engine, cond[:1], uncond, n, 1 if quick else 3)
+        out[f"{name}_tpot_ms"] = st.tpot_ms
+    out.update(fp8_error(plain, fp8, cond, uncond, n))
+    matrices = sum(w.numel() for lw in plain.model.decode_layers() for w in (lw.qkv_w, lw.proj_w, lw.gu_w, lw.down_w))
+    out["plain_bytes_per_step"] = step_bytes(plain, 2, n)
+    out["fp8_bytes_per_step"] = out["plain_bytes_per_step"] - matrices * plain.model.lm_head.weight.element_size() \
+        + fp8.fp8.nbytes
+    out["fp8_achieved_gbps"] = out["fp8_bytes_per_step"] / (out["fp8_tpot_ms"] * 1e-3) / 1e9
+    return out
+
+
+def fp8_error(plain, fp8, cond: torch.Tensor, uncond: torch.Tensor, n: int) -> dict[str, Any]:
+    """What FP8 changes: greedy ids with guidance (agreement, first position that differs per prompt) and the
+    teacher-forced logits on the unquantized model's ids (relative error, argmax agreement)."""
+    from inference.fp8 import teacher_forced_error
+
+    ids = {name: engine.generate(cond, uncond, n_tokens=n) for name, engine in (("plain", plain), ("fp8", fp8))}
+    same = ids["plain"] == ids["fp8"]
+    first = [int(row.logical_not().nonzero()[0]) if not row.all() else n for row in same]
+    err = teacher_forced_error(plain.model, fp8.model, cond, ids["plain"].to(cond.device))
+    return {"greedy_id_agreement": float(same.float().mean()), "greedy_first_difference": first,
+            "teacher_forced_logits_rel_err": err["logits_rel_err"],
+            "teacher_forced_argmax_agreement": err["argmax_agreement"]}
+
+
+def fp8_reference(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """`fp8_error` on the tiny reference checkpoint and condition vectors of the tests (tests/data/cube3d)."""
+    from safetensors.torch import load_file
+
+    from inference.engine import Engine
+
+    path = Path(__file__).resolve().parent.parent / "tests" / "data" / "cube3d" / "tiny_reference.safetensors"
+    cond = load_file(str(path))["expected.cond"].to(device, dtype)
+    plain, fp8 = (Engine("tiny", path, device, dtype, weights_prefix="model.", fp8_weights=q) for q in (False, True))
+    return {"dtype": str(dtype).split(".")[-1], "mode": fp8.mode,
+            **fp8_error(plain, fp8, cond[0:1], cond[1:2], plain.cfg.n_generated)}
+
+
 def bench_mesh(config: str, device: torch.device, dtype: torch.dtype, ids: torch.Tensor, resolution: int,
                quick: bool) -> dict[str, Any]:
     """Tokens -> occupancy grid -> marching cubes -> GLB and OBJ, each stage timed (random tokenizer weights). On
@@ -276,10 +328,12 @@ def _section(name: str, errors: dict[str, str], fn, *args):
 @click.option("--quick", is_flag=True, help="fewer repeats (smoke test)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON line here")
 @click.option("--no-results", is_flag=True, help="do not write bench/results/ (GPU runs write it by default)")
+@click.option("--fp8", "fp8", is_flag=True, help="also measure the weight-only FP8 decode mode (TPOT and its error "
+              "against the unquantized weights: random full-size weights and the tests' tiny reference)")
 @click.option("--tune", is_flag=True, help="GPU: choose kernel launch parameters by whole-step timings on this card "
               "first (inference.tuning), and use them in this run")
 def command(device: str, config: str, tokens: int | None, batch: int, resolution: int | None, quick: bool,
-            out: Path | None, no_results: bool, tune: bool) -> None:
+            out: Path | None, no_results: bool, fp8: bool, tune: bool) -> None:
     """Cube 3D decode: fast path vs eager (+KV) vs no-cache, batched throughput, mesh stages."""
     from bench._report import emit
 
@@ -295,11 +349,18 @@ def command(device: str, config: str, tokens: int | None, batch: int, resolution
     first = "tiny" if config == "tiny" else "v0.1"
     v01 = bench_decoder(first, dev, dtype, tokens, batch, quick, tune)
     torch.cuda.empty_cache() if gpu else None
+    fp8_line = None
+    if fp8:
+        fp8_line = _section("fp8", errors, bench_fp8, first, dev, dtype, tokens, quick) or {}
+        fp8_line["reference_tiny"] = _section("fp8_reference", errors, fp8_reference, dev, dtype)
+        torch.cuda.empty_cache() if gpu else None
     v05 = _section("v0.5", errors, bench_decoder, "v0.5", dev, dtype, None, batch, quick) if config == "all" else None
     mesh = _section("mesh", errors, bench_mesh, first, dev, dtype, v01["ids"], resolution, quick)
     ours, peer = _ours_and_peer(v01, v05, mesh)
     card = torch.cuda.get_device_name(dev) if gpu else None
     params = _params(dev, v01, v05, mesh, copy, errors)
+    if fp8_line is not None:
+        params["fp8"] = fp8_line
     line = emit("cube3d", ours, peer, params,
                 results_dir=None if no_results or not gpu else RESULTS_DIR, card=card)
     if out is not None:

@@ -25,6 +25,7 @@ from torch import Tensor
 from inference.checkpoint import init_random_, load_safetensors, load_state_dict_strict
 from inference.config import Cube3DConfig
 from inference.errors import GenerationError
+from inference.fp8 import Fp8Weights
 from inference.model import Cube3DDecoder, DecodeOps
 from inference.ops import TorchOps
 from inference.sampling import choose, guide, row_seeds
@@ -98,8 +99,10 @@ class Engine:
     def __init__(self, config: Cube3DConfig | str, weights: Weights = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, *, mode: str = "auto", batch_buckets: tuple[int, ...] = (1, 8),
                  weights_prefix: str = "", codebook: Tensor | None = None, init_std: float = 0.02, seed: int = 0,
-                 launch: Launch | None = None):
-        """`launch`: the fast path's `inference.triton_ops.Launch` (default: the H200 tables); tuning replaces it."""
+                 launch: Launch | None = None, fp8_weights: bool = False):
+        """`launch`: the fast path's `inference.triton_ops.Launch` (default: the H200 tables); tuning replaces it.
+        `fp8_weights`: decode steps read the layers' matrices as weight-only FP8 (`inference.fp8`; optional, with
+        a measured error; the fast path needs bf16 weights)."""
         self.cfg = Cube3DConfig.from_name(config) if isinstance(config, str) else config
         self.launch = launch
         self.device, self.dtype = torch.device(device), dtype
@@ -110,8 +113,12 @@ class Engine:
         self.model = build_decoder(self.cfg, weights, self.device, dtype, weights_prefix, init_std, seed)
         if codebook is not None:
             self.model.set_codebook(codebook)
-        self.ops = self._ops()
+        if fp8_weights and self.mode == "fast" and dtype != torch.bfloat16:
+            raise GenerationError(f"`fp8_weights` on the fast path needs bf16 weights, got {dtype}; use "
+                                  "dtype=torch.bfloat16, or mode `eager`")
         self._allocate(2 * self.buckets[-1])
+        self.fp8 = Fp8Weights(self.model) if fp8_weights else None
+        self.ops = self._ops()
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.last_stats: GenerationStats | None = None
 
@@ -151,8 +158,8 @@ class Engine:
             from inference.triton_ops import Launch, TritonOps
 
             self.launch = self.launch or Launch()
-            return TritonOps(self.launch)
-        return TorchOps()
+            return TritonOps(self.launch, fp8=self.fp8)
+        return TorchOps(self.fp8)
 
     def _allocate(self, rows: int) -> None:
         """Static buffers, allocated once: caches (in the model), inputs, the position and the outputs."""

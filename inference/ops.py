@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from inference.fp8 import Fp8Weights
 from inference.layers import apply_rope, layer_norm
 from inference.model import LayerWeights
 
@@ -25,6 +26,12 @@ class TorchOps:
     name = "torch"
     fuse_pick = False  # greedy steps take the logits and pick in PyTorch (`Engine._advance`)
 
+    def __init__(self, fp8: Fp8Weights | None = None):
+        self.fp8 = fp8     # weight-only FP8 (`inference.fp8`): the layers' matrices dequantized at each use
+
+    def _w(self, w: Tensor) -> Tensor:
+        return w if self.fp8 is None else self.fp8.dense(w)
+
     def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         return layer_norm(x, eps)
 
@@ -38,11 +45,11 @@ class TorchOps:
 
     def linear_parts(self, x: Tensor, w: Tensor) -> Tensor:
         """x W^T as one part: [1, R, N] (the Triton version splits K)."""
-        return F.linear(x, w).unsqueeze(0)
+        return F.linear(x, self._w(w)).unsqueeze(0)
 
     def linear_swiglu(self, h: Tensor, w: Tensor, b: Tensor) -> Tensor:
         """w, b: [gate; up] stacked. Returns silu(h Wg^T + bg) * (h Wu^T + bu)."""
-        g, u = F.linear(h, w, b).chunk(2, dim=-1)
+        g, u = F.linear(h, self._w(w), b).chunk(2, dim=-1)
         return F.silu(g) * u
 
     def qk_norm_rope_cache(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor,

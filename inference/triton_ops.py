@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from inference.fp8 import Fp8Weights
 from inference.model import LayerWeights
 
 INTERPRETER_SMS = 132  # Triton's CPU interpreter has no multiprocessors: plan as on an H100/H200
@@ -111,9 +112,9 @@ def _gemv_block(x_ptr, w, w2, acc, acc2, rows, mrow, k0, K, H, NS, EPILOGUE: tl.
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-                 ATTN_X: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+                 ATTN_X: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr, W_SCALE: tl.constexpr):
     # skinny GEMM for decode (M <= 16 rows): y[M, BLOCK_N] = x[M, K] @ W[cols, K]^T, one column block per
     # program, the whole K in the program (N % BLOCK_N == 0, K % BLOCK_K == 0). Epilogues:
     #   PLAIN:    out[M, N] = y
@@ -123,6 +124,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
     # ATTN_X: x is split-K attention's partials [M*H, NS, BLOCK_K + 2] (acc, max, sum; BLOCK_K == head dim), and
     # each K block (one head) of x is the merge of its NS splits: the attention's combine step, done on load.
     # The SwiGLU biases are loaded first (EARLY: before the PDL wait; no kernel writes them).
+    # W_SCALE: W is float8_e4m3fn with one float32 scale per row at s_ptr (`inference.fp8`): tiles are widened to
+    # bf16 on load and each column's sum is multiplied by its row's scale before the epilogue.
     pid = tl.program_id(0)
     ksp = tl.program_id(1)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -140,11 +143,19 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, H, NS, EPILOGUE
     for k0 in range(ksp * K_SPLIT, (ksp + 1) * K_SPLIT, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + cols[:, None] * K + ks[None, :])
+        if W_SCALE:
+            w = w.to(tl.bfloat16)
         w2 = w
         if EPILOGUE == 2:
             w2 = tl.load(w_ptr + (cols[:, None] + N) * K + ks[None, :])
+            if W_SCALE:
+                w2 = w2.to(tl.bfloat16)
         acc, acc2 = _gemv_block(x_ptr, w, w2, acc, acc2, rows, mrow, k0, K, H, NS, EPILOGUE, BLOCK_M, BLOCK_K, IEEE,
                                 ATTN_X)
+    if W_SCALE:
+        acc = acc * tl.load(s_ptr + cols)[None, :]
+        if EPILOGUE == 2:
+            acc2 = acc2 * tl.load(s_ptr + N + cols)[None, :]
     dst = out_ptr + (ksp * M + rows[:, None]) * N + cols[None, :]
     if EPILOGUE == 0 or EPILOGUE == 3:
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mrow[:, None])
@@ -556,8 +567,9 @@ class TritonOps:
     name = "triton"
 
     def __init__(self, launch: Launch | None = None, attn: tuple[int, int, int, int] | None = None,
-                 gemv: bool = True):
+                 gemv: bool = True, fp8: Fp8Weights | None = None):
         self.launch = launch or Launch()
+        self.fp8 = fp8                      # weight-only FP8 (`inference.fp8`); bf16 activations
         self.attn = attn                    # fixed attention launch parameters (tests); None: the launch table
         self.gemv = gemv
         self.attn_block_n = None            # tests may force a small block to exercise several splits
@@ -604,14 +616,17 @@ class TritonOps:
             return None                                   # a shape the kernel's blocks do not tile
         block_n, block_k, warps, stages, splits = cfg
         dtype = x.dtype
+        quantized = self.fp8.get(w) if self.fp8 is not None else None
+        w, scale = quantized if quantized is not None else (w, w)
         shape = (splits, m, n) if epilogue == PARTIAL else (m, n)
         out = torch.empty(shape, dtype=torch.float32 if epilogue == PARTIAL else dtype, device=w.device)
         src = x.parts if attn else x
         heads, n_splits = (x.n_head, x.parts.shape[1]) if attn else (1, 1)
-        _gemv_kernel[(n // block_n, splits)](src, w, w if b is None else b, out, m, n, k, k // splits, heads, n_splits,
-                                             EPILOGUE=epilogue, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-                                             IEEE=dtype == torch.float32, ATTN_X=attn, EARLY=self.early,
-                                             num_warps=warps, num_stages=stages, **self._pdl(w.device))
+        _gemv_kernel[(n // block_n, splits)](src, w, w if b is None else b, scale, out, m, n, k, k // splits, heads,
+                                             n_splits, EPILOGUE=epilogue, BLOCK_M=16, BLOCK_N=block_n,
+                                             BLOCK_K=block_k, IEEE=dtype == torch.float32, ATTN_X=attn,
+                                             EARLY=self.early, W_SCALE=quantized is not None, num_warps=warps,
+                                             num_stages=stages, **self._pdl(w.device))
         return out
 
     def _merged(self, a: Tensor | AttnParts) -> Tensor:
@@ -626,22 +641,26 @@ class TritonOps:
                                                   **self._pdl(out.device))
         return out
 
+    def _dense(self, w: Tensor) -> Tensor:
+        """The matrix cuBLAS multiplies by where the GEMV does not fit: FP8 weights dequantized, as in `TorchOps`."""
+        return w if self.fp8 is None else self.fp8.dense(w)
+
     def linear(self, x: Tensor, w: Tensor) -> Tensor:
         out = self._gemv(x, w, None, w.shape[0], PLAIN)
-        return torch.nn.functional.linear(x, w) if out is None else out
+        return torch.nn.functional.linear(x, self._dense(w)) if out is None else out
 
     def linear_parts(self, x: Tensor | AttnParts, w: Tensor) -> Tensor:
         """x W^T as split-K partial sums [S, R, N] (float32), or [1, R, N] from cuBLAS. x may be `AttnParts`."""
         if isinstance(x, AttnParts) and not self.launch.fuse_combine:
             x = self._merged(x)
         out = self._gemv(x, w, None, w.shape[0], PARTIAL)
-        return torch.nn.functional.linear(self._merged(x), w).unsqueeze(0) if out is None else out
+        return torch.nn.functional.linear(self._merged(x), self._dense(w)).unsqueeze(0) if out is None else out
 
     def linear_swiglu(self, h: Tensor, w: Tensor, b: Tensor) -> Tensor:
         out = self._gemv(h, w, b, w.shape[0] // 2, SWIGLU)
         if out is not None:
             return out
-        g, u = torch.nn.functional.linear(h, w, b).chunk(2, dim=-1)
+        g, u = torch.nn.functional.linear(h, self._dense(w), b).chunk(2, dim=-1)
         return torch.nn.functional.silu(g) * u
 
     def qk_norm_rope_cache(self, qkv: Tensor, lw: LayerWeights, rows: int, cos: Tensor, sin: Tensor,

@@ -168,12 +168,19 @@ def bench_fp8(config: str, device: torch.device, dtype: torch.dtype, n_tokens: i
     for name, engine in engines.items():
         _, st, _ = timed_generate(engine, cond[:1], uncond, n, 1 if quick else 3)
         out[f"{name}_tpot_ms"] = st.tpot_ms
+    if fp8.mode == "fast":             # the H200 tables were chosen for bf16 tiles: choose FP8's on this card
+        from inference.tuning import FP8_FACTORS, tune_in_context
+
+        out["fp8_tuning"] = tune_in_context(fp8, cond, uncond, factors=FP8_FACTORS)
+        _, st, _ = timed_generate(fp8, cond[:1], uncond, n, 1 if quick else 3)
+        out["fp8_tuned_tpot_ms"] = st.tpot_ms
     out.update(fp8_error(plain, fp8, cond, uncond, n))
     matrices = sum(w.numel() for lw in plain.model.decode_layers() for w in (lw.qkv_w, lw.proj_w, lw.gu_w, lw.down_w))
     out["plain_bytes_per_step"] = step_bytes(plain, 2, n)
     out["fp8_bytes_per_step"] = out["plain_bytes_per_step"] - matrices * plain.model.lm_head.weight.element_size() \
         + fp8.fp8.nbytes
-    out["fp8_achieved_gbps"] = out["fp8_bytes_per_step"] / (out["fp8_tpot_ms"] * 1e-3) / 1e9
+    best = min(out["fp8_tpot_ms"], out.get("fp8_tuned_tpot_ms", float("inf")))
+    out["fp8_achieved_gbps"] = out["fp8_bytes_per_step"] / (best * 1e-3) / 1e9
     return out
 
 

@@ -28,12 +28,21 @@ FACTORS: dict[str, list] = {
     "attn": [(32, 4, 2, 4), (128, 4, 2, 2), (64, 4, 2, 4), (32, 4, 2, 8), (128, 4, 3, 8), (64, 4, 3, 8)],
     "fuse": [False, True],
 }
+# weight-only FP8 (`inference.fp8`): a tile of BLOCK_K FP8 weights is half the bytes of a bf16 one, so wider K
+# blocks (and gate/up, whose SwiGLU epilogue takes no K splits) are tried; attention is the same as in bf16
+FP8_FACTORS: dict[str, list] = {
+    "qkv": [(32, 256, 4, 3, 3), (32, 512, 4, 3, 3), (64, 256, 4, 3, 2), (32, 256, 4, 4, 6)],
+    "proj": [(32, 256, 4, 3, 6), (32, 512, 4, 3, 3), (16, 512, 4, 3, 3), (32, 256, 4, 3, 3)],
+    "down": [(32, 512, 4, 4, 4), (32, 256, 4, 4, 8), (32, 512, 4, 4, 6), (16, 512, 4, 4, 4)],
+    "gu": [(32, 256, 4, 4, 1), (64, 256, 4, 3, 1), (32, 512, 4, 3, 1), (16, 512, 4, 4, 1)],
+}
 BUCKETS = (2, 16)
 
 
 def _gemv_keys(cfg) -> dict[str, tuple[int, int, int]]:
     d, f = cfg.n_embd, cfg.mlp_hidden
-    return {"qkv": (T.PARTIAL, 3 * d, d), "proj": (T.PARTIAL, d, d), "down": (T.PARTIAL, d, f)}
+    return {"qkv": (T.PARTIAL, 3 * d, d), "proj": (T.PARTIAL, d, d), "down": (T.PARTIAL, d, f),
+            "gu": (T.SWIGLU, f, d)}
 
 
 def _current(cfg, launch: T.Launch, sms: int) -> dict:
@@ -67,14 +76,16 @@ def _measure(engine, cond: Tensor, uncond: Tensor, setting: dict, positions: tup
     return out[0], out[1]
 
 
-def tune_in_context(engine, cond: Tensor, uncond: Tensor, positions: tuple[int, ...] = (100, 300, 500)) -> dict:
+def tune_in_context(engine, cond: Tensor, uncond: Tensor, positions: tuple[int, ...] = (100, 300, 500),
+                    factors: dict[str, list] = FACTORS) -> dict:
     """Choose each factor's option by the whole step's time, separately for rows 2 and rows 16, then measure the
-    combination; leaves the chosen launch on the engine and returns what was measured."""
+    combination; leaves the chosen launch on the engine and returns what was measured. Settings that `factors`
+    does not name stay as the tables have them."""
     base = _current(engine.cfg, engine.launch or T.Launch(), T.sm_count(engine.device))
     t_base = _measure(engine, cond, uncond, base, positions)
     report: dict = {"base": t_base}
-    best = {name: {b: (t, base[name][b]) for b, t in zip(BUCKETS, t_base)} for name in FACTORS}
-    for name, opts in FACTORS.items():
+    best = {name: {b: (t, base[name][b]) for b, t in zip(BUCKETS, t_base)} for name in factors}
+    for name, opts in factors.items():
         for opt in opts:
             if all(opt == base[name][b] for b in BUCKETS):
                 continue
@@ -89,8 +100,8 @@ def tune_in_context(engine, cond: Tensor, uncond: Tensor, positions: tuple[int, 
             for bucket, t in zip(BUCKETS, (t2, t16)):
                 if t < best[name][bucket][0]:
                     best[name][bucket] = (t, opt)
-    chosen = {name: {b: best[name][b][1] for b in BUCKETS} for name in FACTORS}
-    report["chosen"] = {name: {str(b): v for b, v in c.items()} for name, c in chosen.items()}
+    chosen = dict(base, **{name: {b: best[name][b][1] for b in BUCKETS} for name in factors})
+    report["chosen"] = {name: {str(b): v for b, v in chosen[name].items()} for name in factors}
     report["chosen_ms"] = _measure(engine, cond, uncond, chosen, positions)
     if sum(report["chosen_ms"]) > sum(t_base):          # interactions made it worse: keep the baseline
         engine.launch = _applied(engine.cfg, engine.launch, base)

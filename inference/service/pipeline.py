@@ -205,7 +205,8 @@ class Pipeline:
         `export_glb` waits for them (the `to_host` stage) in its thread while this one takes the next object."""
         t0 = time.perf_counter()
         verts, faces = device_surface(values, self.shapes.cfg.bounds)
-        self._sync()
+        if self.device.type == "cuda":                  # this stream only: not the copies still under way
+            torch.cuda.current_stream(self.device).synchronize()
         job.marching_cubes_s = time.perf_counter() - t0
         job.surface = SurfaceCopy(verts, faces)
 

@@ -236,17 +236,20 @@ class GenerationService:
             with self._cv:
                 self._finishing += 1
             future = futures.pop(job.request.id)
-            if job.error is not None:                           # meshing on the device found no surface
+            try:
+                if job.error is not None:                       # meshing on the device found no surface
+                    raise job.error
+                if job.grid is None:                            # meshed on the device: the GLB bytes remain
+                    done = self._glb_threads.submit(export_glb, job)
+                else:
+                    done = self._mesh_pool.submit(job.grid, self.pipeline.shapes.cfg.bounds)
+            except Exception as exc:  # no surface, or the mesh workers are gone: this request fails, the rest go on
                 failed: Future = Future()
-                failed.set_exception(job.error)
+                failed.set_exception(exc if isinstance(exc, Cube3DError)
+                                     else GenerationServiceError(f"meshing failed: {exc}"))
                 self._finish(job, failed, future)
                 return
-            if job.grid is None:                                # meshed on the device: the GLB bytes remain
-                self._glb_threads.submit(export_glb, job).add_done_callback(
-                    lambda done: self._finish(job, done, future))
-                return
-            self._mesh_pool.submit(job.grid, self.pipeline.shapes.cfg.bounds).add_done_callback(
-                lambda done: self._finish(job, done, future))
+            done.add_done_callback(lambda finished: self._finish(job, finished, future))
 
         try:
             with DEVICE_TURN:

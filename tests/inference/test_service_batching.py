@@ -40,6 +40,7 @@ def test_batch_deadline_waits_for_objects_still_being_finished_then_for_their_ca
 
 def test_closed_loop_clients_fill_every_batch_and_get_what_they_get_alone(tail_wait_ms=10_000.0):
     from inference.service import GenerationRequest, GenerationService, ServiceConfig
+    from inference.service.service import GenerationServiceError
 
     # the device path on the CPU: the GLB threads and `SurfaceCopy`, as on CUDA
     cfg = ServiceConfig.from_name("tiny", mesh_on_device=True, max_batch_wait_ms=20.0, tail_wait_ms=tail_wait_ms)
@@ -61,5 +62,10 @@ def test_closed_loop_clients_fill_every_batch_and_get_what_they_get_alone(tail_w
             t.join()
         assert service.stats.batch_sizes == {clients: rounds}
         assert all(glb == alone[c] for c in range(clients) for glb in results[c])
+
+        service._glb_threads.shutdown()          # the mesh's hand-over fails: that request fails, nothing hangs
+        with pytest.raises(GenerationServiceError, match="meshing failed"):
+            service.submit(GenerationRequest("a chair", seed=1)).result(timeout=120)
+        assert service._finishing == 0           # counted out, so later batches do not wait for it
     finally:
         service.close()

@@ -5,9 +5,9 @@ entity rows (`rows_per_second`) lasts, where the stride is last second's rows ov
 spreads over the second rather than taking its first requests. A one-row answer is kept as its Redis replies
 (a tuple of references, nothing decoded); a larger one as the response already built. Once a second a background
 task takes the list, gathers the values of each profiled feature across the responses (in slices, handing the
-event loop back between them; one decoder call per feature for the kept replies), puts them in the profile's bins
-in one numpy call per feature and keeps the bins of the last `window` values served of each feature (a ring buffer
-with running counts). At scrape time each feature's PSI against its profile is a sum over about ten bins.
+event loop back between them), then per feature decodes the kept replies' values in one call, puts the values in
+the profile's bins in one numpy call and keeps the bins of the last `window` values served (a ring buffer with
+running counts), handing the event loop back between features. At scrape time each feature's PSI against its profile is a sum over about ten bins.
 
 Profiles are the latest backfill's of each view (`common.quality_log`), read from the registry database at start
 and every `refresh_s` on a worker thread; when a newer backfill brings new bins, that feature's window starts
@@ -48,6 +48,16 @@ class SampledRow(NamedTuple):
 
 
 Sampled = Union[OnlineFeatures, SampledRow]
+Kept = dict[tuple[str, str], tuple[Callable, list]]  # (view, feature) -> its decoder, raw values of kept replies
+
+
+def _values(key: tuple[str, str], gathered: dict[tuple[str, str], list], kept: Kept) -> list:
+    """The values gathered of one feature: those of built responses, then those of kept replies, decoded here."""
+    values = gathered.get(key, [])
+    if key in kept:
+        decode, raws = kept[key]
+        values.extend(decode(raws))
+    return values
 
 
 class ServedWindow:
@@ -119,9 +129,10 @@ class DriftMonitor:
     def drain(self, catalog: Catalog) -> None:
         """Bin what was sampled since the last drain and renew the budget (at once; `run` does it in slices)."""
         gathered: dict[tuple[str, str], list] = {}
-        self.gather(catalog, self.take(), gathered)
-        for key, values in gathered.items():
-            self._window(*key).add(values)
+        kept: Kept = {}
+        self.gather(catalog, self.take(), gathered, kept)
+        for key in dict.fromkeys([*gathered, *kept]):
+            self._window(*key).add(_values(key, gathered, kept))
 
     def take(self) -> list[tuple[Any, Sampled]]:
         """The responses sampled since the last call; the budget starts again, the stride follows the rows seen."""
@@ -129,11 +140,11 @@ class DriftMonitor:
         self.stride, self.seen, self.due = max(1, self.seen // self.rows_per_second), 0, 0
         return taken
 
-    def gather(self, catalog: Catalog, responses: list[tuple[Any, Sampled]],
-               into: dict[tuple[str, str], list]) -> None:
-        """Append the values of each profiled feature of `responses` to `into[(view, feature)]`."""
+    def gather(self, catalog: Catalog, responses: list[tuple[Any, Sampled]], into: dict[tuple[str, str], list],
+               kept: Kept) -> None:
+        """Append the values of each profiled feature of `responses` to `into[(view, feature)]`, those of kept
+        replies still encoded to `kept[(view, feature)]` (decoded by `_values`, one call per feature)."""
         targets: dict[tuple, list] = {}  # per request shape: what to pick, and where to put it
-        kept: dict[tuple[str, str], tuple[Callable, list]] = {}  # raw values of the kept replies, and their decoder
         for features, response in responses:
             asked = features if isinstance(features, str) else tuple(features)
             if isinstance(response, SampledRow):
@@ -155,8 +166,6 @@ class DriftMonitor:
             values = response.values
             for name, target in picks:
                 target.extend(values[name])
-        for key, (decode, raws) in kept.items():
-            into.setdefault(key, []).extend(decode(raws))
 
     def _picks(self, catalog: Catalog, features: Any, names: list[str],
                into: dict[tuple[str, str], list]) -> list[tuple[str, list]]:
@@ -169,7 +178,7 @@ class DriftMonitor:
         return picks
 
     def _row_picks(self, catalog: Catalog, features: Any, answer: RowAnswer,
-                   kept: dict[tuple[str, str], tuple[Callable, list]]) -> list[tuple[str, list[tuple[int, int, list]]]]:
+                   kept: Kept) -> list[tuple[str, list[tuple[int, int, list]]]]:
         """Per view, where each profiled feature's value lies in the replies and the list its raw values go to."""
         refs, _ = resolve(catalog, features)  # request order, as the writer's sources
         per_view: dict[str, list[tuple[int, int, list]]] = {}
@@ -215,12 +224,12 @@ class DriftMonitor:
     async def _drain_in_slices(self, catalog: Catalog) -> None:
         """`drain`, handing the event loop back between slices of responses and between features, so that no
         request waits behind it for more than a slice."""
-        taken, gathered = self.take(), {}
+        taken, gathered, kept = self.take(), {}, {}
         for lo in range(0, len(taken), SLICE):
-            self.gather(catalog, taken[lo:lo + SLICE], gathered)
+            self.gather(catalog, taken[lo:lo + SLICE], gathered, kept)
             await asyncio.sleep(0)
-        for key, values in gathered.items():
-            self._window(*key).add(values)
+        for key in dict.fromkeys([*gathered, *kept]):
+            self._window(*key).add(_values(key, gathered, kept))
             await asyncio.sleep(0)
 
     def summary(self) -> dict[str, dict[str, dict[str, Any]]]:

@@ -346,12 +346,12 @@ class FeatureServer:
             if self.count_served:
                 self.stats.served.count(written[1])
             if self.drift is not None and self.drift.sampling():
-                self.drift.offer(features, request.finish(replies))
+                self.drift.offer_row(features, request.plan.row_answer, replies, written[1])
             return written[0]
         response = request.finish(replies)
         if self.count_served:
             self.stats.served.count(response.views)
-        if self.drift is not None:
+        if self.drift is not None and self.drift.sampling(request.rows):
             self.drift.offer(features, response)
         return orjson.dumps(response.to_feast_response())
 

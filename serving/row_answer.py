@@ -63,6 +63,11 @@ class RowAnswer:
             texts = None if floating else _TEXTS.setdefault(decode, {})
             self.fields.append((g, position, decode, view, floating, texts))
 
+    def sources(self) -> list[tuple[str, int, int, ColumnDecoder]]:
+        """Per output feature, in request order: its view, where its value lies in the replies (group, field) and
+        its decoder; what the drift sample decodes, in the background, from the replies it kept."""
+        return [(self.views[view][3], g, position, decode) for g, position, decode, view, _, _ in self.fields]
+
     def encode(self, entities: dict[str, list], replies: list, now_ms: float) -> tuple[bytes, dict[str, ViewRows]]:
         """The answer's bytes and each view's row (the served-rows counts) for one entity row."""
         views, ends = {}, []

@@ -18,8 +18,14 @@ from serving_env import feast_rows, feature_server, get, make_repo, post
 from common.config import load_config
 from common.feature_profile import FLOOR, FeatureProfile
 from common.quality_log import QualityLog, QualityRecord
-from serving.catalog import Catalog
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dsl.types import ValueType
+from redis_store.layout import encode_value
+from serving.catalog import Catalog, FeatureSpec, ViewSpec
 from serving.drift import DriftMonitor, ServedWindow
+from serving.plan import build_plan
+from serving.request import PreparedRequest
 from serving.result import OnlineFeatures
 
 NUMBERS = FeatureProfile("numeric", (0.5, 0.3, 0.2), cuts=(1.0, 5.0))
@@ -109,6 +115,39 @@ def test_the_request_path_only_keeps_responses_while_the_second_s_budget_lasts()
     assert len(drift.pending) == 2  # 2 rows, then 2 more over the budget of 3, then none
     drift.drain(Catalog("p", {}, {}))
     assert drift.pending == [] and drift.budget == 3 and drift.windows[("v", "x")].filled == 4
+
+
+def test_the_sample_spreads_over_the_second_by_a_stride_of_last_second_s_rows():
+    drift = monitor(rows_per_second=4)
+    first = [i for i in range(40) if drift.sampling() and not drift.offer(["v:x"], response(["x"], {"x": [i]}))]
+    drift.drain(Catalog("p", {}, {}))
+    second = [i for i in range(40) if drift.sampling() and not drift.offer(["v:x"], response(["x"], {"x": [i]}))]
+    assert first == [0, 1, 2, 3] and drift.stride == 10 and second == [0, 10, 20, 30]
+
+
+def test_a_kept_one_row_answer_is_binned_as_the_values_it_served(monkeypatch):
+    """The request path keeps a one-row answer as its replies; the drain decodes them to the values `finish` gives,
+    leaving out a row older than its view's ttl and a missing one."""
+    monkeypatch.setattr("time.time", lambda: 10_000)
+    features = {"x": FeatureSpec("x", ValueType.INT64, b"x"), "c": FeatureSpec("c", ValueType.STRING, b"c")}
+    view = ViewSpec("v", "v", (("id", ValueType.STRING),), features, 60_000, b"_ts:v")
+    catalog = Catalog("p", {"v": view}, {"svc": ("v:c", "v:x")})
+    plan = build_plan(catalog, "svc")
+    fresh, stale = (Timestamp(seconds=s).SerializeToString() for s in (9_990, 9_000))
+    replies = [[[encode_value(c, ValueType.STRING), encode_value(x, ValueType.INT64), fresh]] for x, c in
+               ((0, "a"), (7, "b"), (3, "z"))] + [[[encode_value("a", ValueType.STRING), None, fresh]],
+                                                  [[encode_value("b", ValueType.STRING), b"x", stale]], [[None] * 3]]
+    kept, built = monitor(), monitor()
+    for row in replies:
+        request = PreparedRequest(plan, {"id": ["e"]})
+        _, views = request.answer_json(row)
+        kept.offer_row("svc", plan.row_answer, row, views)
+        built.offer("svc", request.finish(row))
+    kept.drain(catalog)
+    built.drain(catalog)
+    assert kept.windows[("v", "x")].filled == 3 and kept.windows[("v", "c")].filled == 4
+    for key, window in built.windows.items():
+        assert list(kept.windows[key].counts) == list(window.counts)
 
 
 def test_an_unreadable_registry_keeps_the_last_profiles(caplog):

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import random
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -39,9 +40,9 @@ class MilvusServer(LocalService):
     name = "milvus"
     ready_timeout_s = 120.0  # start-up takes 8 to 20 s on a quiet 2-core host, far longer on a busy one
     # Milvus 2.3 standalone stops its coordinators first, then its nodes hang retrying them (minutes); flushed
-    # segments are on disk and the rest replays from RocksMQ's log at the next start, so after a short wait it is
-    # killed, as the `milvus` package's own `stop` does after 1 s.
-    stop_timeout_s = 3.0
+    # segments are on disk and the rest replays from RocksMQ's log at the next start, so after 1 s it is killed,
+    # as the `milvus` package's own `stop` does.
+    stop_timeout_s = 1.0
 
     @property
     def binary(self) -> Path:
@@ -93,6 +94,15 @@ class MilvusServer(LocalService):
                "MILVUS_RUN_DIR": str(self.dir / "run"), "MILVUSCONF": str(config_file.parent),
                "LD_LIBRARY_PATH": ":".join(filter(None, [str(programs), os.environ.get("LD_LIBRARY_PATH")]))}
         return spawn([str(self.binary), "run", "standalone"], self.log_file, self.pid_file, env=env)
+
+    def down(self) -> str:
+        """Stop it, then wait (up to 10 s) until its ports are closed: a killed Milvus takes a moment to die, and an
+        `up` right after would find them taken."""
+        said = super().down()
+        deadline = time.monotonic() + 10.0
+        while any(port_open(port) for port in self.ports) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return said
 
     def ready(self) -> bool:
         try:

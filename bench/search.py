@@ -2,7 +2,10 @@
 
 A scratch project gets `--vectors` embeddings of `--dim` floats (clustered, as real embeddings are: `--clusters`
 Gaussian clusters) materialized the usual way: values into Redis in Feast's layout, vectors into the Milvus index
-(`serving.vector_index`, Milvus Lite unless `--uri`; `--index-type` overrides the configured index). Then the same
+(`serving.vector_index`). `--engine` picks where: Milvus Lite (embedded, FLAT), a Milvus server (HNSW; the one
+`featurectl services up --milvus` runs, started here on free ports in the scratch folder and stopped at the end,
+or `--uri`'s), or both, one benchmark line each; `--index-type` overrides the default index. The server's load
+ends with `VectorIndex.seal`, so the searches go through the built index. Then the same
 `--queries` queries (after a warm-up; held-out draws of the same clusters) go
 through `client.search(view:feature, vector, k, features=[category])`, which answers ids, distances and a Redis
 feature, and through Feast's own `FeatureStore.retrieve_online_documents_v2` on the same index. Per side: p50/p99
@@ -11,11 +14,12 @@ per query and recall@k against numpy's exact search. The scratch Redis keys and 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import click
 import numpy as np
@@ -91,6 +95,25 @@ def _forget_keys(host_port: tuple[str, int]) -> None:
         client.delete(*keys[lo:lo + 10_000])
 
 
+@contextlib.contextmanager
+def local_milvus(folder: Path) -> Iterator[str]:
+    """A Milvus server (`featurectl services up --milvus`'s) with its state in `folder`, on free ports; its uri."""
+    from common.config import ProjectConfig
+    from featurectl.services.milvus_server import MilvusServer, free_port_block
+
+    config = ProjectConfig(folder, {"project": PROJECT, "registry": {"path": f"sqlite:///{folder / 'registry.db'}"},
+                                    "platform": {"state_dir": str(folder),
+                                                 "vectors": {"local_port": free_port_block()}}})
+    server = MilvusServer(config)
+    started = time.perf_counter()
+    click.echo(server.up(), err=True)
+    click.echo(f"milvus answered {time.perf_counter() - started:.1f}s after its start", err=True)
+    try:
+        yield server.uri
+    finally:
+        click.echo(server.down(), err=True)
+
+
 def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
         index_type: Optional[str] = None) -> dict:
     from batch.materialize import materialize_view
@@ -120,7 +143,10 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
         materialize_view(RedisSettings.from_config(cfg), view, PROJECT, offline, dt.datetime(2000, 1, 1), now,
                          on_written=lambda table: index.write_table(view, table))
         load_s = time.perf_counter() - started
-        click.echo(f"materialized {vectors_n:,} rows into Redis and the index in {load_s:.1f}s", err=True)
+        index.seal(view)
+        seal_s = time.perf_counter() - started - load_s
+        click.echo(f"materialized {vectors_n:,} rows into Redis and the index in {load_s:.1f}s, sealed and indexed "
+                   f"in {seal_s:.1f}s more", err=True)
         names = np.array([f"asset_{i:06d}" for i in range(vectors_n)])
         exact = [names[np.argsort(((vectors - q) ** 2).sum(axis=1))[:k]].tolist() for q in queries[WARMUP:]]
         try:
@@ -137,8 +163,9 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
             index.drop(f"{PROJECT}_asset_shape")
             _forget_keys(cfg.redis_host_port)
     params = {"vectors": vectors_n, "dim": dim, "k": k, "queries": queries_n, "clusters": clusters,
-              "engine": uri or "milvus-lite", "index": f"{cfg.platform.vectors.index_type} "
-              f"{cfg.platform.vectors.index_params} {cfg.platform.vectors.search_params}", "load_s": round(load_s, 1)}
+              "engine": f"milvus server {uri}" if uri else "milvus-lite",
+              "index": f"{index.index_type} {index.index_params} {index.search_params}", "load_s": round(load_s, 1),
+              "seal_s": round(seal_s, 1)}
     return {"ours": _figures(*ours, exact, k), "peer": _figures(*peer, exact, k), "params": params}
 
 
@@ -149,12 +176,22 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
 @click.option("--queries", "queries_n", default=1000, show_default=True, help="timed queries per side")
 @click.option("--clusters", default=256, show_default=True,
               help="Gaussian clusters the embeddings and queries come from; 0: one isotropic Gaussian")
-@click.option("--uri", default=None, help="a Milvus server instead of Milvus Lite, e.g. http://127.0.0.1:19530")
+@click.option("--engine", type=click.Choice(["lite", "server", "both"]), default="both", show_default=True,
+              help="Milvus Lite, a Milvus server, or one after the other")
+@click.option("--uri", default=None, help="the Milvus server to use, e.g. http://127.0.0.1:19530; default: one "
+                                          "started for the run")
 @click.option("--seed", default=7, show_default=True)
 @click.option("--index-type", default=None, help="Milvus index instead of `platform.vectors.index_type`'s default, "
                                                  "e.g. IVF_FLAT")
-def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
-            index_type: Optional[str]) -> None:
+def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, engine: str, uri: Optional[str],
+            seed: int, index_type: Optional[str]) -> None:
     """Search: our SDK's p50/p99 and recall@k beside Feast's retrieve_online_documents_v2 on the same index."""
-    out = run(vectors_n, dim, k, queries_n, clusters, uri, seed, index_type)
-    emit("search", out["ours"], out["peer"], out["params"])
+    if engine in ("lite", "both"):
+        out = run(vectors_n, dim, k, queries_n, clusters, None, seed, index_type)
+        emit("search", out["ours"], out["peer"], out["params"])
+    if engine in ("server", "both"):
+        with contextlib.ExitStack() as stack:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-search-milvus-")))
+            server = uri or stack.enter_context(local_milvus(folder))
+            out = run(vectors_n, dim, k, queries_n, clusters, server, seed, index_type)
+        emit("search", out["ours"], out["peer"], out["params"])

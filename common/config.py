@@ -111,15 +111,20 @@ class VectorSettings(BaseModel):
     cluster; the same client code and Feast's own Milvus online store read either."""
 
     model_config = ConfigDict(extra="forbid")
-    uri: Optional[str] = Field(None, description="a Milvus server or cluster, e.g. http://milvus:19530; None = "
-                                                 "Milvus Lite in `<state_dir>/vectors.db`")
+    uri: Optional[str] = Field(None, description="a Milvus server or cluster, e.g. http://milvus:19530 (the one "
+                                                 "`featurectl services up --milvus` starts: "
+                                                 "http://127.0.0.1:<local_port>); None = Milvus Lite in "
+                                                 "`<state_dir>/vectors.db`")
     token: Optional[str] = Field(None, description="API key or `user:password` of the Milvus server")
-    index_type: str = Field("FLAT", description="Milvus index of each vector feature: FLAT is exact (the "
-                                                "default: recall 1.0 whatever the data); Milvus Lite also takes "
-                                                "IVF_FLAT but searches it with fixed parameters of its own, so its "
-                                                "recall depends on the data (README); a server also HNSW")
-    index_params: dict[str, Any] = Field(default_factory=dict)
-    search_params: dict[str, Any] = Field(default_factory=dict)
+    index_type: Optional[str] = Field(None, description="Milvus index of each vector feature; None: FLAT (exact) "
+                                                        "on Milvus Lite, which refuses HNSW and searches IVF_FLAT "
+                                                        "with fixed parameters of its own (README), HNSW on a "
+                                                        "server")
+    index_params: Optional[dict[str, Any]] = Field(None, description="None: the index type's defaults "
+                                                                     "(`serving.vector_index`)")
+    search_params: Optional[dict[str, Any]] = Field(None, description="None: the index type's defaults")
+    local_port: int = Field(19530, description="port of the Milvus server `featurectl services up --milvus` "
+                                               "starts; it also takes the 11 ports after it (its inner services)")
 
 
 class ServingSettings(BaseModel):

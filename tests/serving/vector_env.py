@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from cli_helpers import ROOT, register_repo
@@ -34,3 +35,24 @@ def make_vector_repo(folder: Path, project: str, dim: int, platform: dict | None
     settings["platform"].update(platform or {})
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
     return repo, register_repo(repo)
+
+
+def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    """Row numbers of each query's k nearest by squared L2, nearest first."""
+    distances = (queries ** 2).sum(1)[:, None] - 2 * queries @ vectors.T + (vectors ** 2).sum(1)[None, :]
+    nearest = np.argpartition(distances, k, axis=1)[:, :k]
+    order = np.take_along_axis(distances, nearest, axis=1).argsort(axis=1)
+    return np.take_along_axis(nearest, order, axis=1)
+
+
+def search_recall(client, vectors: np.ndarray, queries: np.ndarray, k: int) -> float:
+    """Mean recall@k of `client.search` over `queries` against numpy's exact search, for rows pushed as `r{row}`
+    with their row number in `faces`; each answer's ids, features and distances checked on the way."""
+    recalls = []
+    for query, expected in zip(queries, exact_nearest(vectors, queries, k)):
+        found = client.search("asset_shape:embedding", query, k=k, features=["faces"])
+        rows = np.array(found.features["faces"])
+        assert [row["asset_id"] for row in found.ids] == [f"r{i}" for i in rows]
+        np.testing.assert_allclose(found.distances, ((vectors[rows] - query) ** 2).sum(axis=1), rtol=1e-4)
+        recalls.append(len(set(rows.tolist()) & set(expected.tolist())) / k)
+    return float(np.mean(recalls))

@@ -1,0 +1,96 @@
+"""Search on a Milvus server (the one `featurectl services up --milvus` runs, started here on free ports in a
+scratch folder): the project's default index there is HNSW, built over the sealed rows after `VectorIndex.seal`;
+`client.search` finds numpy's exact nearest neighbours of seeded isotropic vectors at recall@10 >= 0.95, at the
+distances numpy computes for the ids found; Feast's own `retrieve_online_documents_v2` reads the same index."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from cli_helpers import sibling
+
+pytestmark = pytest.mark.integration
+
+vector_env = sibling("vector_env", "serving")
+ROWS, DIM, QUERIES, K = 3000, 32, 100, 10
+
+
+@pytest.fixture(scope="module")
+def milvus_uri(tmp_path_factory):
+    from common.config import ProjectConfig
+    from featurectl.services.milvus_server import MilvusServer, free_port_block
+
+    folder = tmp_path_factory.mktemp("milvus")
+    server = MilvusServer(ProjectConfig(folder, {
+        "project": "milvus", "registry": {"path": f"sqlite:///{folder / 'registry.db'}"},
+        "platform": {"state_dir": str(folder), "vectors": {"local_port": free_port_block()}}}))
+    server.up()
+    try:
+        yield server.uri
+    finally:
+        server.down()
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory, local_services, milvus_uri):
+    import redis
+
+    from common.config import load_config
+    from dsl.repo import load_repo
+    from serving.client import OnlineClient
+    from serving.vector_index import VectorIndex
+
+    project = f"hnsw{time.time_ns() % 10**9}"
+    repo, _ = vector_env.make_vector_repo(tmp_path_factory.mktemp("hnsw"), project, DIM,
+                                          {"vectors": {"uri": milvus_uri}})
+    drawn = np.random.default_rng(19).normal(size=(ROWS + QUERIES, DIM)).astype(np.float32)
+    vectors, queries = drawn[:ROWS], drawn[ROWS:]
+    client = OnlineClient.from_repo(repo)
+    cfg = load_config(repo)
+    index = VectorIndex(cfg)
+    try:
+        client.push("asset_shape_push", {"asset_id": [f"r{i}" for i in range(ROWS)], "category": ["x"] * ROWS,
+                                         "faces": list(range(ROWS)), "embedding": list(vectors),
+                                         "event_timestamp": [int(time.time() * 1000)] * ROWS})
+        index.seal(next(v for v in load_repo(repo).views if v.name == "asset_shape"))
+        yield repo, client, index, f"{project}_asset_shape", vectors, queries
+    finally:
+        client.close()
+        index.drop(f"{project}_asset_shape")
+        db = redis.Redis(*cfg.redis_host_port)
+        keys = list(db.scan_iter(match=b"*" + project.encode(), count=10_000))
+        if keys:
+            db.delete(*keys)
+
+
+def test_default_index_on_a_server_is_hnsw_over_every_row(indexed):
+    from serving.vector_index import HNSW_BUILD
+
+    _, _, index, collection, _, _ = indexed
+    described = index.client().describe_index(collection, "vector_index_embedding")
+    assert described["index_type"] == "HNSW"
+    assert {name: int(described[name]) for name in HNSW_BUILD} == HNSW_BUILD
+    assert (int(described["indexed_rows"]), int(described["pending_index_rows"])) == (ROWS, 0)
+
+
+def test_recall_at_10_against_exact_search(indexed):
+    _, client, _, _, vectors, queries = indexed
+    recall = vector_env.search_recall(client, vectors, queries, K)
+    assert recall >= 0.95, f"recall@{K} {recall:.3f} over {QUERIES} queries"
+
+
+def test_feast_reads_the_same_index(indexed):
+    from feast import FeatureStore
+
+    from dsl.types import Vector
+
+    _, client, index, _, _, queries = indexed
+    store = FeatureStore(config=index.feast_repo_config(Vector(DIM)))
+    for query in queries[:5]:
+        ours = [row["asset_id"] for row in client.search("asset_shape:embedding", query, k=K).ids]
+        theirs = store.retrieve_online_documents_v2(features=["asset_shape:embedding"], query=query.tolist(),
+                                                    top_k=K, distance_metric="L2").to_dict()["asset_id"]
+        assert theirs == ours

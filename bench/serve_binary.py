@@ -8,8 +8,8 @@ host's noise falls on both: `load_N_cpu_us_per_request` (server user + system CP
 of the rounds), `load_N_p50_ms` / `_p99_ms` over every round's latencies, `load_N_errors`. The ratio is JSON over
 Arrow: above 1, the Arrow route is cheaper or faster.
 
-`--flame FILE.svg` then records a py-spy flame graph of the server (`py-spy record --nonblocking`, the `bench`
-extra) under one more JSON 1-entity load phase, not counted in the figures.
+`--flame FILE.svg` then records a py-spy flame graph of the server (`py-spy record --nonblocking -r 250`, the
+`bench` extra) under one more JSON 1-entity load phase of `--flame-seconds`, not counted in the figures.
 """
 
 from __future__ import annotations
@@ -96,11 +96,13 @@ def _flame(pid: int, port: int, bodies_file: Path, rate: float, seconds: float, 
 @click.option("--rounds", default=2, show_default=True, help="load phases per route and entity count")
 @click.option("--flame", "flame_svg", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write a py-spy flame graph of the JSON 1-entity load here")
+@click.option("--flame-seconds", default=20.0, show_default=True, help="seconds of the flame graph's load phase")
 @click.option("--workers", default=1, show_default=True, help="server worker processes")
 @click.option("--seed", default=7, show_default=True)
 @click.pass_obj
 def command(ctx, assets: int, http_requests: int, http_batch_requests: int, rate: float, batch_rate: float,
-            load_seconds: float, rounds: int, flame_svg: Optional[Path], workers: int, seed: int) -> None:
+            load_seconds: float, rounds: int, flame_svg: Optional[Path], flame_seconds: float, workers: int,
+            seed: int) -> None:
     """The feature server's Arrow IPC route against its JSON route: latency and server CPU, 1 and 100 entities."""
     load_before = os.getloadavg()[0]
     repo = bench_repo(ctx.config().state_dir / "bench-serve", PROJECT, ON_DEMAND)
@@ -127,10 +129,10 @@ def command(ctx, assets: int, http_requests: int, http_batch_requests: int, rate
                                              scratch).items():
                     out[side].update({f"load_{rows}_{k}": v for k, v in figures.items()})
             if flame_svg is not None:
-                _flame(pid, port, scratch / "bodies_1.json", rate, load_seconds, flame_svg)
+                _flame(pid, port, scratch / "bodies_1.json", rate, flame_seconds, flame_svg)
     emit("serve_binary", out["ours"], out["peer"],
          {"ours": "Arrow IPC route", "peer": "JSON route", "assets": assets, "features": len(features),
           "http_requests": http_requests, "http_batch_requests": http_batch_requests, "rate": rate,
           "batch_rate": batch_rate, "load_seconds": load_seconds, "rounds": rounds, "server_workers": workers,
           "cpus": os.cpu_count(), "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-          "flame": str(flame_svg) if flame_svg else None})
+          "flame": str(flame_svg) if flame_svg else None, "flame_seconds": flame_seconds})

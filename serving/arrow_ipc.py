@@ -15,7 +15,7 @@ with an event time outside the years 1678-2262; the epoch where the JSON answer 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import orjson
@@ -25,8 +25,6 @@ from serving.errors import RequestError
 from serving.result import NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, OnlineFeatures, ViewRows, \
     parse_timestamps
 
-MEDIA_TYPE = b"application/vnd.apache.arrow.stream"
-ARROW_BODY, ARROW_ANSWER = 1, 2  # bits of `media`: what the request's Content-Type and Accept asked for
 STATUS_SUFFIX, TIMESTAMP_SUFFIX = ":status", ":event_timestamp"
 _STATUSES = pa.array([PRESENT, NULL_VALUE, NOT_FOUND, OUTSIDE_MAX_AGE])
 _CODE = {PRESENT: 0, NULL_VALUE: 1, NOT_FOUND: 2, OUTSIDE_MAX_AGE: 3}
@@ -39,16 +37,6 @@ class MalformedArrow(RequestError):
     """The body is not an Arrow IPC stream of the shape above."""
 
     code = "malformed_arrow"
-
-
-def media_of(content_type: Optional[bytes], accept: Optional[bytes]) -> int:
-    """The `media` bits of a request's `Content-Type` and `Accept` headers (0: Feast's JSON both ways)."""
-    media = 0
-    if content_type is not None and content_type.split(b";", 1)[0].strip().lower() == MEDIA_TYPE:
-        media |= ARROW_BODY
-    if accept is not None and MEDIA_TYPE in accept.lower():
-        media |= ARROW_ANSWER
-    return media
 
 
 def parse_arrow_request(body: bytes, max_rows: int) -> tuple[Any, dict, bool]:

@@ -26,7 +26,7 @@ from common.errors import FeaturectlError
 from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from redis_store.node import check_replies
-from serving.arrow_ipc import ARROW_ANSWER, ARROW_BODY, MEDIA_TYPE as ARROW, arrow_answer, parse_arrow_request
+from serving.arrow_ipc import arrow_answer, parse_arrow_request
 from serving.asgi import answer_http
 from serving.documents_request import parse_documents_request
 from serving.drift import DriftMonitor
@@ -38,6 +38,7 @@ from serving.feature_log import FeatureLogger
 from serving.freshness import FreshnessMonitor
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
+from serving.media import ARROW_ANSWER, ARROW_BODY, ARROW_STREAM as ARROW
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
 from serving.push_request import parse_push_request
@@ -165,7 +166,7 @@ class FeatureServer:
     async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
                       request_id: Optional[str] = None, media: int = 0) -> Answer:
         """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms;
-        `request_id` is the client's `X-Request-ID`, for feature logging; `media`, the `serving.arrow_ipc` bits."""
+        `request_id` is the client's `X-Request-ID`, for feature logging; `media`, the `serving.media` bits."""
         start = time.perf_counter_ns()
         stats = self.stats
         stats.in_flight += 1

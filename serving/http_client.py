@@ -16,14 +16,15 @@ import json
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 from urllib.parse import urlsplit
 
-from serving.arrow_ipc import MEDIA_TYPE, arrow_request
+from serving.arrow_ipc import arrow_request
 from serving.errors import ServingError
+from serving.media import ARROW_STREAM
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 PATH = "/get-online-features"
-_ARROW = MEDIA_TYPE.decode()
+_ARROW = ARROW_STREAM.decode()
 
 
 class HttpServingError(ServingError):

@@ -6,7 +6,7 @@ headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`); one that 
 server) may answer a request from a callback instead, with no task per request. Of the request headers only the API key
 (`Authorization: Bearer`, `X-API-Key`), `X-Request-ID` (1 to 128 visible ASCII characters, else ignored) and
 `Expect` are kept, and for an app with `arrow_media` (the feature server) `Content-Type` and `Accept`, passed to it
-as `media` (`serving.arrow_ipc.media_of`): the others are never copied into Python objects, so a header costs one
+as `media` (`serving.media`): the others are never copied into Python objects, so a header costs one
 comparison.
 
 Limits, each answered with a JSON error, after the answers to the requests before it, and the connection closed:
@@ -32,9 +32,9 @@ from typing import Any, Optional
 import httptools
 
 from redis_store.node import TIMER_SLACK_S
-from serving.arrow_ipc import media_of
 from serving.gateway import bearer
 from serving.json_body import error_json
+from serving.media import media_of
 
 JSON = b"application/json"
 LINGER_S = 1.0  # after a refusal, what the client still sends is read and dropped this long, so it sees the answer

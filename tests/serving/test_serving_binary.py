@@ -20,13 +20,14 @@ from cli_helpers import free_port, project_keys
 from featurectl.services.scratch_redis import RedisServer
 from serving_env import feast_rows, feature_server, make_repo
 
-from serving.arrow_ipc import MEDIA_TYPE, arrow_request
+from serving.arrow_ipc import arrow_request
 from serving.http_client import HttpClient, HttpServingError
+from serving.media import ARROW_STREAM
 from serving.result import rfc3339_many
 
 pytestmark = pytest.mark.integration
 
-ARROW = MEDIA_TYPE.decode()
+ARROW = ARROW_STREAM.decode()
 TIMEOUT_S = 0.5
 FEATURES = ["asset_activity:views_1h", "asset_attributes:category", "asset_activity:dwell_ms_mean_1h",
             "asset_attributes:polygon_count"]

@@ -104,7 +104,8 @@ def test_arrow_answers_equal_the_json_ones(served, entities):
     assert table.schema.field("views_1h").type == pa.int64() and table.schema.field("category").type == pa.string()
     seen = {status for result in expected["results"] for status in result["statuses"]}
     assert seen == {"one": {"PRESENT"}, "missing": {"PRESENT", "NOT_FOUND"},
-                    "stale": {"PRESENT", "OUTSIDE_MAX_AGE", "NULL_VALUE"}, "several": {"PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"}}[entities_id(entities)]
+                    "stale": {"PRESENT", "OUTSIDE_MAX_AGE", "NULL_VALUE"},
+                    "several": {"PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"}}[entities_id(entities)]
 
 
 def entities_id(entities: list[str]) -> str:

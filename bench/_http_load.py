@@ -6,9 +6,10 @@ queueing shows up in its percentiles (no coordinated omission).
 A request unanswered after `timeout_s`, or answered with a status other than 200, counts as an error. The run
 is bounded: it stops `timeout_s` after the last scheduled send at the latest.
 
-    python -m bench._http_load --port 6566 --rate 2000 --seconds 30 --bodies bodies.json [--samples FILE]
+    python -m bench._http_load --port 6566 --rate 2000 --seconds 30 --bodies bodies.json [--samples FILE] [--arrow]
 prints one JSON object: ok, errors, rps, and latency percentiles in ms; `--samples` also writes every latency
-(ms, a JSON list), so that several runs' percentiles can be taken together.
+(ms, a JSON list), so that several runs' percentiles can be taken together. `--arrow` sends each body (Feast's
+JSON request) as an Arrow IPC stream and asks for an Arrow answer (`serving.arrow_ipc`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,21 @@ import httptools
 PATH = "/get-online-features"
 
 
-def http_request(host: str, port: int, body: bytes, path: str = PATH) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+JSON_HEADERS = "Content-Type: application/json\r\n"
+ARROW_HEADERS = "Content-Type: application/vnd.apache.arrow.stream\r\nAccept: application/vnd.apache.arrow.stream\r\n"
+
+
+def http_request(host: str, port: int, body: bytes, path: str = PATH, headers: str = JSON_HEADERS) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def arrow_body(body: dict) -> bytes:
+    """Feast's JSON request `body` as the Arrow IPC request of `serving.arrow_ipc`."""
+    from serving.arrow_ipc import arrow_request
+
+    return arrow_request(body.get("feature_service") or body["features"], body["entities"],
+                         body.get("full_feature_names", False))
 
 
 class _Response:
@@ -70,9 +83,10 @@ def timed_request(sock: socket.socket, request: bytes) -> float:
     return elapsed
 
 
-def sequential(host: str, port: int, bodies: list[bytes], count: int, path: str = PATH) -> list[float]:
+def sequential(host: str, port: int, bodies: list[bytes], count: int, path: str = PATH,
+               headers: str = JSON_HEADERS) -> list[float]:
     """Latencies in ms of `count` requests sent one after another on one keep-alive connection."""
-    requests = [http_request(host, port, b, path) for b in bodies]
+    requests = [http_request(host, port, b, path, headers) for b in bodies]
     with keep_alive(host, port) as sock:
         return [timed_request(sock, requests[i % len(requests)]) for i in range(count)]
 
@@ -115,9 +129,9 @@ class OpenLoop:
     """
 
     def __init__(self, host: str, port: int, bodies: list[bytes], rate: float, seconds: float,
-                 connections: int, timeout_s: float, path: str = PATH):
+                 connections: int, timeout_s: float, path: str = PATH, headers: str = JSON_HEADERS):
         self.host, self.port = host, port
-        self.requests = [http_request(host, port, b, path) for b in bodies]
+        self.requests = [http_request(host, port, b, path, headers) for b in bodies]
         self.rate, self.seconds, self.connections, self.timeout_s = rate, seconds, connections, timeout_s
         self.total = int(rate * seconds)
         self.idle: list[_Connection] = []
@@ -236,14 +250,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--samples", default=None, help="JSON file to write every latency (ms) to")
     parser.add_argument("--path", default=PATH, help="the endpoint every request is POSTed to")
+    parser.add_argument("--arrow", action="store_true", help="send Arrow IPC requests, ask for Arrow answers")
     args = parser.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("the load generator only targets this machine (127.0.0.1)")
     with open(args.bodies) as fh:
-        bodies = [json.dumps(b).encode() for b in json.load(fh)]
+        bodies = [arrow_body(b) if args.arrow else json.dumps(b).encode() for b in json.load(fh)]
     import uvloop
 
-    load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout, args.path)
+    load = OpenLoop(args.host, args.port, bodies, args.rate, args.seconds, args.connections, args.timeout, args.path,
+                    ARROW_HEADERS if args.arrow else JSON_HEADERS)
     report = uvloop.run(load.run())
     if args.samples:
         with open(args.samples, "w") as fh:

@@ -159,9 +159,10 @@ def running_server(command: list[str], port: int, log_path: Path) -> Iterator[in
 
 
 def open_loop(port: int, bodies_file: Path, rate: float, seconds: float, samples: Optional[Path] = None,
-              path: str = "/get-online-features") -> dict:
-    """`bench._http_load` in its own process: its JSON figures; `samples`, where it writes every latency (ms)."""
-    extra = (["--samples", str(samples)] if samples else []) + ["--path", path]
+              path: str = "/get-online-features", arrow: bool = False) -> dict:
+    """`bench._http_load` in its own process: its JSON figures; `samples`, where it writes every latency (ms);
+    `arrow`: Arrow IPC requests and answers instead of JSON."""
+    extra = (["--samples", str(samples)] if samples else []) + ["--path", path] + (["--arrow"] if arrow else [])
     done = subprocess.run([sys.executable, "-m", "bench._http_load", "--port", str(port), "--bodies",
                            str(bodies_file), "--rate", str(rate), "--seconds", str(seconds), *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)

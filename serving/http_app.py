@@ -7,7 +7,9 @@ log-linear histograms; a one-row read is answered from the Redis reply's callbac
 coroutine per request. Redis failures become 503 within the client's timeout. With API keys on
 (`serving.gateway`), feature reads answer 401/403/429 before any Redis work; the probes stay open. A feature
 service with logging gets a sample of its answers, the bytes sent, queued for `serving.feature_log` (the answer
-then carries `x-request-id`).
+then carries `x-request-id`). Service-to-service callers may send and receive Arrow IPC streams instead of JSON
+on the same route (`serving.arrow_ipc`: `Content-Type` / `Accept: application/vnd.apache.arrow.stream`), through
+the same code: only the parsing of the body and the encoding of the answer differ.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from common.errors import FeaturectlError
 from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from redis_store.node import check_replies
+from serving.arrow_ipc import arrow_answer, parse_arrow_request
 from serving.asgi import answer_http
 from serving.documents_request import parse_documents_request
 from serving.drift import DriftMonitor
@@ -35,6 +38,7 @@ from serving.feature_log import FeatureLogger
 from serving.freshness import FreshnessMonitor
 from serving.gateway import REQUESTS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
+from serving.media import ARROW_ANSWER, ARROW_BODY, ARROW_STREAM as ARROW
 from serving.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 from serving.openapi import OPENAPI
 from serving.push_request import parse_push_request
@@ -105,6 +109,11 @@ def parse_request(body: bytes) -> tuple[Any, dict, bool]:
     return features, entities, full
 
 
+def parse_body(body: bytes, media: int) -> tuple[Any, dict, bool]:
+    """`parse_request`, or `parse_arrow_request` when the request's Content-Type said Arrow (`media`)."""
+    return parse_arrow_request(body, MAX_ROWS) if media & ARROW_BODY else parse_request(body)
+
+
 class FeatureServer:
     """One per worker process; `make_client` runs at startup (it reads the registry).
 
@@ -115,6 +124,7 @@ class FeatureServer:
     """
 
     max_body_bytes = MAX_BODY_BYTES
+    arrow_media = True  # `serving.http_protocol` passes the Arrow bits of Content-Type and Accept (`media`)
 
     def __init__(self, make_client: Callable[[], AsyncOnlineClient], stats: Optional[ServerStats] = None,
                  make_gateway: Optional[Callable[[], Gateway]] = None,
@@ -154,9 +164,9 @@ class FeatureServer:
             await answer_http(self, scope, receive, send)
 
     async def respond(self, method: str, path: str, body: Optional[bytes], api_key: Optional[str] = None,
-                      request_id: Optional[str] = None) -> Answer:
+                      request_id: Optional[str] = None, media: int = 0) -> Answer:
         """The reply to one request (`body` None: it was over MAX_BODY_BYTES), timed into the histograms;
-        `request_id` is the client's `X-Request-ID`, for feature logging."""
+        `request_id` is the client's `X-Request-ID`, for feature logging; `media`, the `serving.media` bits."""
         start = time.perf_counter_ns()
         stats = self.stats
         stats.in_flight += 1
@@ -172,7 +182,8 @@ class FeatureServer:
                                                "method_not_allowed")
                 headers = ((b"allow", b"GET, HEAD" if route[0] == "GET" else route[0].encode()),)
             elif path == FEATURES_PATH:
-                status, payload, kind, service, headers = await self.get_online_features(body, api_key, request_id)
+                status, payload, kind, service, headers = await self.get_online_features(body, api_key, request_id,
+                                                                                        media)
             elif route[0] == "POST":  # the other endpoints with a body, which check the API key themselves
                 status, payload, kind, service, headers = await route[1](body, api_key)
             else:
@@ -187,7 +198,7 @@ class FeatureServer:
         return status, payload, kind, headers
 
     def answer_soon(self, method: str, url: bytes, body: Optional[bytes], api_key: Optional[str],
-                    reply: Callable[[Answer], None]) -> bool:
+                    reply: Callable[[Answer], None], media: int = 0) -> bool:
         """Answer the usual request, a one-row feature read with nothing to log or compute, through `reply` from the
         Redis reply's callback: no task and no coroutine per request (a task and the coroutines of `respond` cost
         more than the answer itself). False, having done nothing that `respond` would not redo, for every other
@@ -202,7 +213,7 @@ class FeatureServer:
             key = gateway.identify(api_key) if gateway is not None else None
             if isinstance(key, Refusal):
                 return False
-            features, entities, full = parse_request(body)
+            features, entities, full = parse_body(body, media)
             if self._logged(features) is not None:
                 return False
             request = client.prepare(features, entities, full)
@@ -220,16 +231,18 @@ class FeatureServer:
         service = features if isinstance(features, str) else "-"
         self.stats.in_flight += 1
         client.read_soon(request).add_done_callback(
-            lambda done: reply(self._row_answered(done, request, features, service, start)))
+            lambda done: reply(self._row_answered(done, request, features, service, start, media)))
         return True
 
-    def _row_answered(self, done: asyncio.Future, request: Any, features: Any, service: str, start: int) -> Answer:
+    def _row_answered(self, done: asyncio.Future, request: Any, features: Any, service: str, start: int,
+                      media: int) -> Answer:
         """`answer_soon`'s answer once Redis replied (or failed)."""
         stats = self.stats
         stats.in_flight -= 1
+        arrow = bool(media & ARROW_ANSWER)
         try:
             replies = check_replies(done.result(), self.client.redis.where)  # type: ignore[union-attr]
-            payload, status, kind = self._answered(features, request, replies), 200, JSON
+            payload, status, kind = self._answered(features, request, replies, arrow), 200, ARROW if arrow else JSON
         except Exception as exc:
             failed = self._failure("get-online-features", exc)
             if failed is None:
@@ -249,23 +262,26 @@ class FeatureServer:
         return key
 
     async def get_online_features(self, body: Optional[bytes], api_key: Optional[str] = None,
-                                  request_id: Optional[str] = None) -> tuple[int, bytes, bytes, Optional[str], Any]:
+                                  request_id: Optional[str] = None, media: int = 0
+                                  ) -> tuple[int, bytes, bytes, Optional[str], Any]:
         """The reply, the feature service label (`-` for feature lists, None when unknown) and extra headers.
 
-        With API keys on: 401 before the body is read, then 403/429 once the feature service is known.
+        With API keys on: 401 before the body is read, then 403/429 once the feature service is known. `media`:
+        the body and the answer are Arrow IPC streams (`serving.arrow_ipc`); errors are JSON either way.
         """
         service, headers = None, ()
         try:
             key = self._identified(api_key, body, "send fewer entity rows per request")
             if isinstance(key, Refusal):
                 return _refused(key)
-            features, entities, full = parse_request(body)  # type: ignore[arg-type]
+            features, entities, full = parse_body(body, media)  # type: ignore[arg-type]
             if key is not None:
                 refusal = self.gateway.admit(key, features if isinstance(features, str) else None, REQUESTS, 1)
                 if refusal is not None:
                     return _refused(refusal)
             service = features if isinstance(features, str) else "-"
-            status, payload, kind, headers = await self._fetch(features, entities, full, request_id)
+            status, payload, kind, headers = await self._fetch(features, entities, full, request_id,
+                                                                bool(media & ARROW_ANSWER))
         except TooLarge as exc:
             status, payload, kind = _error(413, exc)
         except VersionConflictError as exc:
@@ -324,24 +340,29 @@ class FeatureServer:
     async def _pushed(client: AsyncOnlineClient, name: str, rows: dict, to: str) -> bytes:
         return orjson.dumps((await client.push(name, rows, to=to)).to_json())  # type: ignore[arg-type]
 
-    async def _fetch(self, features: Any, entities: dict, full: bool, request_id: Optional[str]) -> Answer:
+    async def _fetch(self, features: Any, entities: dict, full: bool, request_id: Optional[str],
+                     arrow: bool = False) -> Answer:
         logged = None
 
         async def fetched(client: AsyncOnlineClient) -> bytes:
             nonlocal logged
             request, replies = await client.fetch(features, entities, full)
-            payload = self._answered(features, request, replies)
+            payload = self._answered(features, request, replies, arrow)
             spec = self._logged(features)
-            if spec is not None:  # the bytes sent, parsed back into columns by the log's writer thread
-                logged = self.feature_log.offer(spec, payload, request.rows, request_id)  # type: ignore[union-attr]
+            if spec is not None:  # the JSON answer, parsed back into columns by the log's writer thread
+                sent = orjson.dumps(request.finish(replies).to_feast_response()) if arrow else payload
+                logged = self.feature_log.offer(spec, sent, request.rows, request_id)  # type: ignore[union-attr]
             return payload
 
         status, payload, kind = await self._call("get-online-features", fetched)
+        if arrow and status == 200:
+            kind = ARROW
         return status, payload, kind, ((b"x-request-id", logged.encode()),) if logged else ()
 
-    def _answered(self, features: Any, request: PreparedRequest, replies: list) -> bytes:
-        """Feast's JSON answer; one plain row is written straight from the replies, with no columns built."""
-        written = request.answer_json(replies)
+    def _answered(self, features: Any, request: PreparedRequest, replies: list, arrow: bool = False) -> bytes:
+        """Feast's JSON answer (one plain row is written straight from the replies, with no columns built), or with
+        `arrow` the Arrow IPC stream of `serving.arrow_ipc`."""
+        written = None if arrow else request.answer_json(replies)
         if written is not None:
             if self.count_served:
                 self.stats.served.count(written[1])
@@ -353,6 +374,8 @@ class FeatureServer:
             self.stats.served.count(response.views)
         if self.drift is not None and self.drift.sampling(request.rows):
             self.drift.offer(features, response)
+        if arrow:
+            return arrow_answer(response, request.plan.join_keys)
         return orjson.dumps(response.to_feast_response())
 
     async def _call(self, what: str, call: Callable[[AsyncOnlineClient], Awaitable[bytes]]) -> Reply:

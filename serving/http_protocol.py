@@ -5,7 +5,9 @@ An app is any object with `respond(method, path, body, api_key, request_id) -> (
 headers)`, `max_body_bytes` and `http` (`common.config.HttpSettings`); one that also has `answer_soon` (the feature
 server) may answer a request from a callback instead, with no task per request. Of the request headers only the API key
 (`Authorization: Bearer`, `X-API-Key`), `X-Request-ID` (1 to 128 visible ASCII characters, else ignored) and
-`Expect` are kept: the others are never copied into Python objects, so a header costs one comparison.
+`Expect` are kept, and for an app with `arrow_media` (the feature server) `Content-Type` and `Accept`, passed to it
+as `media` (`serving.media`): the others are never copied into Python objects, so a header costs one
+comparison.
 
 Limits, each answered with a JSON error, after the answers to the requests before it, and the connection closed:
 414 past `max_url_bytes`, 431 past `max_header_bytes` or `max_headers` (also for a header line still growing past
@@ -32,6 +34,7 @@ import httptools
 from redis_store.node import TIMER_SLACK_S
 from serving.gateway import bearer
 from serving.json_body import error_json
+from serving.media import media_of
 
 JSON = b"application/json"
 LINGER_S = 1.0  # after a refusal, what the client still sends is read and dropped this long, so it sees the answer
@@ -62,6 +65,7 @@ class HttpProtocol(asyncio.Protocol):
                  _loop: Optional[asyncio.AbstractEventLoop] = None):
         self.app = _served_app(config.loaded_app)
         self.answer_soon = getattr(self.app, "answer_soon", None)  # what it answers without a task, if anything
+        self.arrow_media = getattr(self.app, "arrow_media", False)  # whether it takes `media`
         limits = self.app.http
         self.max_url, self.max_head, self.max_headers = limits.max_url_bytes, limits.max_header_bytes, \
             limits.max_headers
@@ -73,7 +77,7 @@ class HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: Optional[asyncio.Transport] = None
         # requests read and not yet answered; a refusal is queued as (None, its response bytes, ...)
-        self.pending: deque[tuple[Optional[str], bytes, Optional[bytes], bool, Optional[str], Optional[str]]] = \
+        self.pending: deque[tuple[Optional[str], bytes, Optional[bytes], bool, Optional[str], Optional[str], int]] = \
             deque()
         self.busy = False
         self.closing = False
@@ -90,6 +94,8 @@ class HttpProtocol(asyncio.Protocol):
         self.head_size, self.header_count = 0, 0
         self.api_key: Optional[str] = None
         self.request_id: Optional[str] = None
+        self.content_type: Optional[bytes] = None
+        self.accept: Optional[bytes] = None
 
     # connection events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,7 +153,7 @@ class HttpProtocol(asyncio.Protocol):
         self.request_since = self.loop.time()
         self.url, self.chunks, self.size, self.expect_continue = b"", [], 0, False
         self.head_size, self.header_count = 0, 0
-        self.api_key, self.request_id = None, None
+        self.api_key, self.request_id, self.content_type, self.accept = None, None, None, None
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > self.max_url:
@@ -171,6 +177,10 @@ class HttpProtocol(asyncio.Protocol):
             self.expect_continue = True
         elif size == 12 and name.lower() == b"x-request-id":
             self.request_id = request_id(value)
+        elif size == 12 and self.arrow_media and name.lower() == b"content-type":
+            self.content_type = value
+        elif size == 6 and self.arrow_media and name.lower() == b"accept":
+            self.accept = value
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -187,8 +197,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.request_since = None
         body = b"".join(self.chunks) if self.size <= self.max_body else None
+        media = media_of(self.content_type, self.accept) if self.arrow_media else 0
         self.pending.append((self.parser.get_method().decode(), self.url, body, self.parser.should_keep_alive(),
-                             self.api_key, self.request_id))
+                             self.api_key, self.request_id, media))
         if len(self.pending) >= self.max_pipelined:
             self._flow()
         if not self.busy:
@@ -200,13 +211,13 @@ class HttpProtocol(asyncio.Protocol):
     def _answer_soon(self) -> bool:
         """Hand the first pending request to the app's `answer_soon` (the feature server's one-row reads: answered
         from a callback, with no task); False when the app leaves it to `_answer`."""
-        method, url, body, _, api_key, _ = self.pending[0]
+        method, url, body, _, api_key, _, media = self.pending[0]
         return self.answer_soon is not None and method is not None and self.writable is None \
-            and self.answer_soon(method, url, body, api_key, self._answered_soon)
+            and self.answer_soon(method, url, body, api_key, self._answered_soon, media)
 
     def _answered_soon(self, answer: tuple) -> None:
         """Write what `answer_soon` answered, then go on with the requests that came meanwhile."""
-        method, _, _, keep_alive, _, _ = self.pending.popleft()
+        method, _, _, keep_alive, _, _, _ = self.pending.popleft()
         if self.read_paused:
             self._flow()
         if self._write(method, keep_alive, *answer) and (self.pending or self.writable is not None):
@@ -222,7 +233,7 @@ class HttpProtocol(asyncio.Protocol):
         if written and self.writable is not None:  # the client reads slower than we answer: wait for it
             await self.writable
         while self.pending and not transport.is_closing():  # type: ignore[union-attr]
-            method, url, body, keep_alive, api_key, request_id = self.pending.popleft()
+            method, url, body, keep_alive, api_key, request_id, media = self.pending.popleft()
             if self.read_paused:
                 self._flow()
             if method is None:  # a refusal: its response, then no more on this connection
@@ -234,7 +245,9 @@ class HttpProtocol(asyncio.Protocol):
                 status, payload, kind, headers = 400, error_json(f"invalid URL {url[:200]!r}", "bad_request"), \
                     JSON, ()
             else:
-                status, payload, kind, headers = await self.app.respond(method, path, body, api_key, request_id)
+                extra = (media,) if self.arrow_media else ()
+                status, payload, kind, headers = await self.app.respond(method, path, body, api_key, request_id,
+                                                                        *extra)
             if not self._write(method, keep_alive, status, payload, kind, headers):
                 break
             if self.writable is not None:  # the client reads slower than we answer: wait for it
@@ -261,7 +274,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.refused, self.in_head, self.request_since = True, False, None
         payload = error_json(message, code)
-        self.pending.append((None, _head(status, JSON, len(payload), True) + payload, None, False, None, None))
+        self.pending.append((None, _head(status, JSON, len(payload), True) + payload, None, False, None, None, 0))
         if not self.busy:
             self.busy = True
             self.loop.create_task(self._answer())

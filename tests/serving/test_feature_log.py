@@ -187,6 +187,30 @@ def test_sampling_follows_the_request_id(served):
     assert set(_logs(repo, "sampled_ranking").column("__request_id").to_pylist()) == rule
 
 
+def test_an_arrow_answer_is_logged_as_its_json_twin(served):
+    """`serving.arrow_ipc`: a logged service asked for Arrow logs what the JSON answer would have said."""
+    url, repo, _ = served
+    columns = ["asset_activity__views_1h", "asset_activity__dwell_ms_mean_1h", "asset_attributes__category",
+               "asset_attributes__polygon_count"]
+    body = {"feature_service": "logged_ranking", "full_feature_names": True,
+            "entities": {"asset_id": ["a1", "a2", "zz", "old"]}}
+    arrow = "application/vnd.apache.arrow.stream"
+    request = urllib.request.Request(url + "/get-online-features", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Accept": arrow,
+                                              "X-Request-ID": "arrow-logged"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.headers["Content-Type"] == arrow and reply.headers["x-request-id"] == "arrow-logged"
+        assert pa.ipc.open_stream(reply.read()).read_all().num_rows == 4
+    expected = _expected_rows(_post(url, body)[1], columns)
+    deadline = time.monotonic() + 30
+    rows: list[dict] = []
+    while not rows and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if (repo.parent / "data" / "feature_logs" / "logged_ranking").exists():
+            rows = [row for row in _logs(repo, "logged_ranking").to_pylist() if row["__request_id"] == "arrow-logged"]
+    assert [{k: row[k] for k in want} for row, want in zip(rows, expected)] == expected
+
+
 def _pipelined(port: int, bodies: list[bytes]) -> list[int]:
     """Send every request at once on one connection; the status of each answer."""
     statuses: list[int] = []

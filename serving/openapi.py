@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from serving.media import ARROW_STREAM as ARROW_MEDIA
+
 _ERROR = {"type": "object", "required": ["error", "code"], "properties": {
     "error": {"type": "string", "description": "what was wrong and what to do"},
     "code": {"type": "string", "examples": ["malformed_json", "unknown_feature", "bad_entities", "redis_unavailable"]},
@@ -70,6 +72,13 @@ _RESPONSE = {"type": "object", "required": ["metadata", "results"], "properties"
 }}
 
 
+ARROW_STREAM = ARROW_MEDIA.decode()
+ARROW_REQUEST = ("an Arrow IPC stream: one column per join key (and on-demand request field); schema metadata "
+                 "`features` (a JSON list) or `feature_service`, optionally `full_feature_names`")
+ARROW_ANSWER = ("an Arrow IPC stream of one record batch: the join keys, then per feature its values, "
+                "`{name}:status` and `{name}:event_timestamp`; errors stay JSON")
+
+
 def _json(schema: Any) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
@@ -88,10 +97,13 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/get-online-features": {"post": {
             "summary": "Feature values for entity rows (Feast's request and response shape)",
-            "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/GetOnlineFeaturesRequest"})},
+            "requestBody": {"required": True, "content": {
+                **_json({"$ref": "#/components/schemas/GetOnlineFeaturesRequest"})["content"],
+                ARROW_STREAM: {"schema": {"type": "string", "format": "binary", "description": ARROW_REQUEST}}}},
             "responses": {
-                "200": {"description": "values in request order", **_json(
-                    {"$ref": "#/components/schemas/GetOnlineFeaturesResponse"})},
+                "200": {"description": "values in request order (Arrow when `Accept` asks for it)", "content": {
+                    **_json({"$ref": "#/components/schemas/GetOnlineFeaturesResponse"})["content"],
+                    ARROW_STREAM: {"schema": {"type": "string", "format": "binary", "description": ARROW_ANSWER}}}},
                 "400": {"description": "malformed JSON, unknown feature or service, bad entity values",
                         **_json({"$ref": "#/components/schemas/Error"})},
                 "409": {"description": "a requested view's online values are of another version than the one "

@@ -332,7 +332,7 @@ class FeatureServer:
             request, replies = await client.fetch(features, entities, full)
             payload = self._answered(features, request, replies)
             spec = self._logged(features)
-            if spec is not None:  # the bytes sent, parsed back into columns by the log's writer thread
+            if spec is not None:  # the bytes sent, parsed back into columns by the log's writer process
                 logged = self.feature_log.offer(spec, payload, request.rows, request_id)  # type: ignore[union-attr]
             return payload
 

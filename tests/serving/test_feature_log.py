@@ -7,21 +7,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 import time
-import urllib.request
 import zlib
 from pathlib import Path
 
-import httptools
 import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-import yaml
-from cli_helpers import copy_example_repo, free_port, register_repo
+from cli_helpers import free_port
+from feature_log_env import log_counts, log_table, logged_repo, pipelined, post_features
 from featurectl.services.scratch_redis import RedisServer
-from serving_env import feast_rows, feature_server, get
+from serving_env import feature_server
 
 from common.config import FeatureLogSettings
 from dsl.types import ValueType
@@ -33,56 +30,8 @@ from serving.stats import ServerStats
 
 pytestmark = pytest.mark.integration
 
-LOGGED = """
-from dsl import FeatureLogging
-
-logged_ranking = FeatureService("logged_ranking", features=[asset_activity[["views_1h", "dwell_ms_mean_1h"]],
-                                                            asset_attributes[["category", "polygon_count"]]],
-                                logging=FeatureLogging(sample_rate=1.0))
-sampled_ranking = FeatureService("sampled_ranking", features=[asset_activity[["views_1h"]]],
-                                 logging=FeatureLogging(sample_rate=0.5))
-"""
 STATUS = {"PRESENT": 1, "NULL_VALUE": 2, "NOT_FOUND": 3, "OUTSIDE_MAX_AGE": 4}
 ENTITY_LISTS = [["a1"], ["a1", "a2", "zz", "old"], ["old", "a1"], ["zz"], ["old"], ["a2"]]  # one row: the fast path
-
-
-def _repo(folder: Path, project: str, redis_port: int, logging: dict) -> tuple[Path, object]:
-    repo = copy_example_repo(folder, project, {"path": f"sqlite:///{folder / project}.db"},
-                             {"type": "redis", "connection_string": f"127.0.0.1:{redis_port}"},
-                             data_dir=folder / "data")
-    with (repo / "features.py").open("a") as out:
-        out.write(LOGGED)
-    settings = yaml.safe_load((repo / "feature_store.yaml").read_text())
-    settings["platform"]["feature_logging"] = logging
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    store = register_repo(repo)
-    recent = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
-    feast_rows(store, "asset_activity", {"a1": {"views_1h": 4, "dwell_ms_mean_1h": 2.5}, "a2": {"views_1h": 1}},
-               recent)
-    feast_rows(store, "asset_activity", {"old": {"views_1h": 9, "dwell_ms_mean_1h": 1.0}},
-               recent - dt.timedelta(days=3))
-    feast_rows(store, "asset_attributes", {"a1": {"category": "chair", "polygon_count": 1200},
-                                           "old": {"category": "lamp"}}, recent)
-    return repo, store
-
-
-def _post(url: str, body: dict, request_id: str | None = None) -> tuple[int, dict, str | None]:
-    headers = {"Content-Type": "application/json", **({"X-Request-ID": request_id} if request_id else {})}
-    request = urllib.request.Request(url + "/get-online-features", data=json.dumps(body).encode(), headers=headers)
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return reply.status, json.loads(reply.read()), reply.headers.get("x-request-id")
-
-
-def _logs(repo: Path, service: str) -> pa.Table:
-    path = repo.parent / "data" / "feature_logs" / service
-    return ds.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=["."]).to_table()
-
-
-def _log_counts(url: str, service: str) -> dict:
-    """The server's feature log counters of `service` (all workers: each shares its own every second)."""
-    counts = json.loads(get(url, "/stats")[1])["feature_log"]
-    return counts.get(service, dict.fromkeys(("logged", "dropped", "written", "failed", "files", "bytes"), 0))
-
 
 def _expected_rows(response: dict, service_columns: list[str]) -> list[dict]:
     """What the log must hold for one answer: per entity row, each feature's value, status and timestamp (to the
@@ -106,7 +55,7 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("featurelog")
     redis_server = RedisServer(folder)
     try:
-        repo, store = _repo(folder, f"featurelog{os.getpid()}", redis_server.port, {"flush_s": 0.3})
+        repo, store = logged_repo(folder, f"featurelog{os.getpid()}", redis_server.port, {"flush_s": 0.3})
         with feature_server(repo, free_port(), "--workers", "2") as url:
             yield url, repo, store
     finally:
@@ -121,18 +70,19 @@ def test_every_served_vector_is_logged_as_the_answer_said_it(served):
     expected: dict[str, list[dict]] = {}
     for i in range(40):
         given = f"client-{i}" if i % 3 == 0 else None
-        status, body, logged_id = _post(url, {"feature_service": "logged_ranking", "full_feature_names": i % 2 == 0,
-                                              "entities": {"asset_id": ENTITY_LISTS[i % len(ENTITY_LISTS)]}}, given)
+        body = {"feature_service": "logged_ranking", "full_feature_names": i % 2 == 0,
+                "entities": {"asset_id": ENTITY_LISTS[i % len(ENTITY_LISTS)]}}
+        status, body, logged_id = post_features(url, body, given)
         assert status == 200 and logged_id and (given is None or logged_id == given)
         expected[logged_id] = _expected_rows(body, columns)
     served_rows = sum(len(rows) for rows in expected.values())
     deadline = time.monotonic() + 30  # workers share their counters every second
-    while _log_counts(url, "logged_ranking")["written"] < served_rows and time.monotonic() < deadline:
+    while log_counts(url, "logged_ranking")["written"] < served_rows and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.1)
-    counts = _log_counts(url, "logged_ranking")
+    counts = log_counts(url, "logged_ranking")
     assert [counts[k] for k in ("logged", "dropped", "written", "failed")] == [served_rows, 0, served_rows, 0]
-    table = _logs(repo, "logged_ranking")
+    table = log_table(repo, "logged_ranking")
     assert table.num_rows == served_rows
     logged: dict[str, list[dict]] = {}
     for row in table.to_pylist():
@@ -152,9 +102,9 @@ def test_feast_reads_the_logs_with_the_schema_it_derives(served):
     url, repo, store = served
     from feast.feature_logging import FeatureServiceLoggingSource
 
-    _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1", "zz"]}}, "feast-read")
+    post_features(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1", "zz"]}}, "feast-read")
     deadline = time.monotonic() + 30
-    while "feast-read" not in _logs(repo, "logged_ranking").column("__request_id").to_pylist():
+    while "feast-read" not in log_table(repo, "logged_ranking").column("__request_id").to_pylist():
         assert time.monotonic() < deadline, "the vector was not written within 30 s"
         time.sleep(0.2)
     service = store.get_feature_service("logged_ranking")
@@ -162,7 +112,7 @@ def test_feast_reads_the_logs_with_the_schema_it_derives(served):
     ours = ds.dataset(repo.parent / "data" / "feature_logs" / "logged_ranking", format="parquet", schema=schema,
                       partitioning=ds.partitioning(pa.schema([schema.field("__log_date")]), flavor="hive"),
                       ignore_prefixes=["."]).to_table()
-    assert ours.schema == schema and ours.num_rows == _logs(repo, "logged_ranking").num_rows
+    assert ours.schema == schema and ours.num_rows == log_table(repo, "logged_ranking").num_rows
     now = dt.datetime.now(dt.timezone.utc)
     job = store._get_provider().retrieve_feature_service_logs(
         feature_service=service, start_date=now - dt.timedelta(hours=1), end_date=now + dt.timedelta(hours=1),
@@ -178,50 +128,31 @@ def test_sampling_follows_the_request_id(served):
     url, repo, _ = served
     ids = [f"sample-{i}" for i in range(60)]
     echoed = {rid for rid in ids
-              if _post(url, {"feature_service": "sampled_ranking", "entities": {"asset_id": ["a1"]}}, rid)[2]}
+              if post_features(url, {"feature_service": "sampled_ranking", "entities": {"asset_id": ["a1"]}}, rid)[2]}
     rule = {rid for rid in ids if zlib.crc32(rid.encode()) < 0.5 * 2**32}  # README: crc32(id) < rate * 2^32
     assert echoed == rule and 0 < len(rule) < len(ids)
     deadline = time.monotonic() + 30
-    while _log_counts(url, "sampled_ranking")["written"] < len(rule) and time.monotonic() < deadline:
+    while log_counts(url, "sampled_ranking")["written"] < len(rule) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert set(_logs(repo, "sampled_ranking").column("__request_id").to_pylist()) == rule
-
-
-def _pipelined(port: int, bodies: list[bytes]) -> list[int]:
-    """Send every request at once on one connection; the status of each answer."""
-    statuses: list[int] = []
-
-    class Answers:
-        def on_message_complete(self) -> None:
-            statuses.append(parser.get_status_code())
-
-    parser = httptools.HttpResponseParser(Answers())
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"".join(b"POST /get-online-features HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body) for body in bodies))
-        while len(statuses) < len(bodies):
-            data = sock.recv(1 << 16)
-            assert data, "the server closed the connection"
-            parser.feed_data(data)
-    return statuses
+    assert set(log_table(repo, "sampled_ranking").column("__request_id").to_pylist()) == rule
 
 
 def test_a_full_queue_drops_and_counts_vectors_never_requests(tmp_path):
     redis_server = RedisServer(tmp_path)
     try:
-        repo, _ = _repo(tmp_path, f"featurelogfull{os.getpid()}", redis_server.port,
+        repo, _ = logged_repo(tmp_path, f"featurelogfull{os.getpid()}", redis_server.port,
                         {"queue_rows": 4, "flush_s": 3600})
         three = json.dumps({"feature_service": "logged_ranking", "entities": {"asset_id": ["a1", "a2", "zz"]}})
         five = json.dumps({"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"] * 5}})
         bodies = [three.encode()] * 60 + [five.encode()]  # five rows never fit a queue of four
         port = free_port()
         with feature_server(repo, port) as url:
-            assert _pipelined(port, bodies) == [200] * len(bodies)
-            counts = _log_counts(url, "logged_ranking")
+            assert pipelined(port, bodies) == [200] * len(bodies)
+            counts = log_counts(url, "logged_ranking")
             assert counts["dropped"] >= 5 and counts["logged"] >= 3
             assert counts["logged"] + counts["dropped"] == 60 * 3 + 5
             assert counts["written"] == 0  # flush_s is an hour: only the shutdown writes
-        assert _logs(repo, "logged_ranking").num_rows == counts["logged"]
+        assert log_table(repo, "logged_ranking").num_rows == counts["logged"]
     finally:
         redis_server.stop()
 
@@ -268,7 +199,7 @@ def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_
 @pytest.mark.parametrize("given", ["has space", "x" * 129, "ünï"])
 def test_a_request_id_the_server_would_not_echo_is_replaced(served, given):
     url, _, _ = served
-    status, _, logged_id = _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
+    status, _, logged_id = post_features(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
                                  given.encode().decode("latin-1"))
     assert status == 200 and logged_id and logged_id != given and " " not in logged_id and len(logged_id) < 64
 

@@ -7,11 +7,12 @@ tuple per answer, no parsing, no Python per value. The queue is bounded in rows 
 would pass the bound is dropped and counted. The bound counts a row until the writer process has parsed it, so the
 rows on their way (here, in the pipe, in the writer's queue) are bounded together.
 
-A courier thread takes the whole queue every `SEND_S` and sends it to the writer process as one message through a
+The first answer queued starts a courier thread and the writer process (a worker that logs nothing runs neither).
+The courier takes the whole queue every `SEND_S` and sends it to the writer process as one message through a
 non-blocking pipe, and reads the writer's reports (rows parsed, written, failed) into the server's counters. Its
-work per batch is one pickle and one write, so it holds the GIL, which the event loop needs, for microseconds: the
-parsing, Arrow and Parquet (tens of microseconds per answer) run in the other process, on another core when there
-is one.
+work per batch is one pickle of the answers' bytes and one write, nothing per value, so it holds the GIL, which the
+event loop needs, briefly: the parsing, Arrow and Parquet run in the other process, on another core when there is
+one.
 
 A writer process that dies loses the rows it held: they are counted as `failed`, a log line says so, and a new
 writer is started (`MAX_RESTARTS` times; then logging stops in this worker, with a log line, and the rows of
@@ -149,6 +150,7 @@ class FeatureLogger:
         self._ids = itertools.count()
         self._off = False  # the writer died too often: nothing more is logged
         self._stopping = threading.Event()
+        self._started = False  # the server runs: the first answer queued starts the courier and the writer
         self._thread: Optional[threading.Thread] = None
         self._restarts = 0
         self._finish_s = 60.0
@@ -174,9 +176,18 @@ class FeatureLogger:
             self._open_rows = held + rows
         counts.logged += rows
         self.stats.log_queued = held + rows
+        if self._thread is None and self._started:
+            self._launch()
         return request_id
 
     def start(self) -> None:
+        """From now on, the first answer queued starts the writer process: a server with no logged service, or
+        whose logged services are not requested, runs none."""
+        self._started = True
+        if self._queued:
+            self._launch()
+
+    def _launch(self) -> None:
         self._thread = threading.Thread(target=self._run, name="feature-log-courier", daemon=True)
         self._thread.start()
 
@@ -199,7 +210,7 @@ class FeatureLogger:
     def _run(self) -> None:
         writer = None
         try:
-            writer = self._started()
+            writer = self._new_writer()
             while writer is not None:
                 stopping = self._stopping.is_set()
                 taken = self._take()
@@ -226,7 +237,7 @@ class FeatureLogger:
         if not finished:
             self._lost(writer, "did not finish its last write")
 
-    def _started(self) -> Optional[_WriterProcess]:
+    def _new_writer(self) -> Optional[_WriterProcess]:
         try:
             return _WriterProcess(self.settings, f"{self._token}-{self._restarts}")
         except OSError as exc:
@@ -260,7 +271,7 @@ class FeatureLogger:
             self._turn_off()
             return None
         self._restarts += 1
-        return self._started()
+        return self._new_writer()
 
     def _lost(self, writer: _WriterProcess, what: str) -> None:
         """Count the rows a writer was sent and neither wrote nor reported failed; release them from the bound."""

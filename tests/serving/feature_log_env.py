@@ -11,11 +11,17 @@ from pathlib import Path
 from typing import Optional
 
 import httptools
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import yaml
 from cli_helpers import copy_example_repo, register_repo
 from serving_env import feast_rows, get
+
+from dsl.types import ValueType
+from redis_store.layout import encode_timestamp
+from serving.catalog import LogSpec
+from serving.result import OnlineFeatures, ViewRows
 
 LOGGED = """
 from dsl import FeatureLogging
@@ -91,3 +97,20 @@ def pipelined(port: int, bodies: list[bytes], request_ids: Optional[list[str]] =
             assert data, "the server closed the connection"
             parser.feed_data(data)
     return statuses
+
+
+def one_row_answer(value: float) -> bytes:
+    """The answer the server sends for one entity row of one float feature."""
+    stamp = encode_timestamp(int(dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc).timestamp() * 1000))
+    response = OnlineFeatures({"asset_id": ["a1"]}, ["views"], {"views": [value]}, {"views": ValueType.FLOAT64},
+                              {"views": ViewRows([stamp], [], [])})
+    return orjson.dumps(response.to_feast_response())
+
+
+def one_feature_spec(path: Path) -> LogSpec:
+    """A logged service `svc` of that one feature, its logs under `path`."""
+    schema = pa.schema([("asset_id", pa.string()), ("v__views", pa.float64()),
+                        ("v__views__timestamp", pa.timestamp("s", "UTC")), ("v__views__status", pa.int32()),
+                        ("__log_timestamp", pa.timestamp("us", "UTC")), ("__log_date", pa.date32()),
+                        ("__request_id", pa.string())])
+    return LogSpec("svc", str(path), 1.0, schema, ("v__views",))

@@ -16,16 +16,13 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from cli_helpers import free_port
-from feature_log_env import log_counts, log_table, logged_repo, pipelined, post_features
+from feature_log_env import (log_counts, log_table, logged_repo, one_feature_spec, one_row_answer, pipelined,
+                             post_features)
 from featurectl.services.scratch_redis import RedisServer
 from serving_env import feature_server
 
 from common.config import FeatureLogSettings
-from dsl.types import ValueType
-from redis_store.layout import encode_timestamp
-from serving.catalog import LogSpec
 from serving.feature_log import FeatureLogger
-from serving.result import OnlineFeatures, ViewRows
 from serving.stats import ServerStats
 
 pytestmark = pytest.mark.integration
@@ -157,37 +154,21 @@ def test_a_full_queue_drops_and_counts_vectors_never_requests(tmp_path):
         redis_server.stop()
 
 
-def _answer(value: float) -> bytes:
-    """The answer the server sends for one entity row of one float feature."""
-    stamp = encode_timestamp(int(dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc).timestamp() * 1000))
-    response = OnlineFeatures({"asset_id": ["a1"]}, ["views"], {"views": [value]}, {"views": ValueType.FLOAT64},
-                              {"views": ViewRows([stamp], [], [])})
-    return orjson.dumps(response.to_feast_response())
-
-
-def _spec(path: Path) -> LogSpec:
-    schema = pa.schema([("asset_id", pa.string()), ("v__views", pa.float64()),
-                        ("v__views__timestamp", pa.timestamp("s", "UTC")), ("v__views__status", pa.int32()),
-                        ("__log_timestamp", pa.timestamp("us", "UTC")), ("__log_date", pa.date32()),
-                        ("__request_id", pa.string())])
-    return LogSpec("svc", str(path), 1.0, schema, ("v__views",))
-
-
 def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_path):
     stats = ServerStats()
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     log = FeatureLogger(FeatureLogSettings(queue_rows=3, flush_s=3600), stats)
     for value in range(5):  # no writer thread yet: the queue fills, the rest is dropped at once
-        log.offer(_spec(blocked / "logs"), _answer(value), 1, f"r{value}")
+        log.offer(one_feature_spec(blocked / "logs"), one_row_answer(value), 1, f"r{value}")
     assert (stats.feature_log["svc"].logged, stats.feature_log["svc"].dropped, stats.log_queued) == (3, 2, 3)
     log.start()
     log.close()  # cannot create its folder under a file: counted, not raised
     assert (stats.feature_log["svc"].failed, stats.feature_log["svc"].written) == (3, 0)
     good = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
     good.start()
-    good.offer(_spec(tmp_path / "logs"), _answer(7.5), 1, None)
-    good.offer(_spec(tmp_path / "logs"), _answer(float("inf")), 1, None)  # "Infinity" in the JSON answer
+    good.offer(one_feature_spec(tmp_path / "logs"), one_row_answer(7.5), 1, None)
+    good.offer(one_feature_spec(tmp_path / "logs"), one_row_answer(float("inf")), 1, None)  # "Infinity" in JSON
     good.close()
     rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
     assert [(r["asset_id"], r["v__views"], r["v__views__status"]) for r in rows] == [("a1", 7.5, 1),
@@ -208,12 +189,12 @@ def test_an_answer_of_another_shape_fails_alone(tmp_path):
     """The writer thread parses the answers: one that does not fit its service (the catalog changed under the
     plan) is counted as failed, and the answers beside it are written."""
     stats = ServerStats()
-    spec = _spec(tmp_path / "logs")
-    wider = orjson.loads(_answer(2.0))
+    spec = one_feature_spec(tmp_path / "logs")
+    wider = orjson.loads(one_row_answer(2.0))
     wider["metadata"]["feature_names"].append("other")
     wider["results"].append(wider["results"][-1])
     log = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
-    log.offer(spec, _answer(1.0), 1, "fits")
+    log.offer(spec, one_row_answer(1.0), 1, "fits")
     log.offer(spec, orjson.dumps(wider), 1, "wider")
     log.start()
     log.close()

@@ -1,15 +1,20 @@
 """The feature log writer process: what is logged is what was served, checked against the rows written to Redis
 (not against the answers, nor the code that writes the logs), across many hand-overs; a killed writer costs the
-rows it held, counted, and no request, and a new one takes over."""
+rows it held, counted, and no request, and a new one takes over; a killed worker's writer still writes what it
+received."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
+import pyarrow.dataset as ds
 import pytest
 from cli_helpers import cli_server
 from feature_log_env import log_table, logged_repo, pipelined
@@ -113,3 +118,37 @@ def test_a_killed_writer_costs_its_rows_counted_and_no_request(server):
     assert [counts[k] - start[k] for k in ("logged", "failed", "dropped")] == [1050, 50, 0]
     assert f"feature log writer process {writer} exited with code -9: 50 logged rows" in running.log.read_text()
     assert sorted(_logged_ids(repo, "after-")) == sorted(after) and _logged_ids(repo, "held-") == []
+
+
+WORKER = """
+import os, signal, sys, time
+from pathlib import Path
+from common.config import FeatureLogSettings
+from feature_log_env import one_feature_spec, one_row_answer
+from serving.feature_log import FeatureLogger
+from serving.stats import ServerStats
+
+stats = ServerStats()
+log = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
+log.start()
+for value in range(3):
+    log.offer(one_feature_spec(Path(sys.argv[1])), one_row_answer(float(value)), 1, f"r{value}")
+while stats.log_queued:  # until the writer has parsed them
+    time.sleep(0.05)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_worker_s_writer_writes_what_it_received(tmp_path):
+    """A worker killed with SIGKILL closes the pipe: its writer writes the rows it has, then exits."""
+    here = Path(__file__).parent
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    worker = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "logs")], timeout=60,
+                            env={**os.environ, "PYTHONPATH": path})
+    assert worker.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while not list((tmp_path / "logs").rglob("*.parquet")):
+        assert time.monotonic() < deadline, "the writer wrote nothing within 30 s of its worker's death"
+        time.sleep(0.1)
+    rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
+    assert [(r["__request_id"], r["v__views"]) for r in rows] == [("r0", 0.0), ("r1", 1.0), ("r2", 2.0)]

@@ -48,7 +48,6 @@ MAX_RESTARTS = 3  # writer processes started after the first one died, per worke
 PIPE_BYTES = 1 << 20  # asked of the kernel for the pipe to the writer (Linux's default most: 1 MiB)
 _SPAN = 1 << 32  # deterministic sampling: the CRC-32 of a request id against sample_rate * 2^32
 _ROOT = Path(__file__).resolve().parents[1]  # the folder holding `serving`: the writer imports the same code
-_F_SETPIPE_SZ = 1031
 
 Queued = tuple[LogSpec, bytes, int, str, int]  # spec, answer as sent, rows, request id, log time (µs)
 
@@ -65,7 +64,7 @@ class _WriterProcess:
         self.from_writer = self.process.stdout.fileno()  # type: ignore[union-attr]
         os.set_blocking(self.to_writer, False)
         try:
-            fcntl.fcntl(self.to_writer, _F_SETPIPE_SZ, PIPE_BYTES)
+            fcntl.fcntl(self.to_writer, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         except OSError:  # above the host's /proc/sys/fs/pipe-max-size: the default 64 KiB works, in more writes
             pass
         self.unsent = bytearray()

@@ -5,9 +5,10 @@ One `featurectl serve` serves two feature services of the same 20 features over 
 process) sends `--rate` requests/s of one entity each, `--load-seconds` to each service, in segments that
 alternate off, on, on, off (`bench/_alternating_load.py`); the target is checked on the median of each side's
 segment p99s. `ours` is logging on, `peer` logging off (so a ratio below 1 is what logging costs), with the
-server's CPU per request answered on each side. Also reported: rows logged, dropped because the queue was full,
-and written, counted from the files once the server has stopped (its last flush); the logs go to a scratch data
-folder, removed after the run.
+server's CPU per request answered on each side (its feature log writer process included, as a child). Also
+reported: rows logged, dropped because the queue was full, and written, counted from the files once the server has
+stopped (its last flush), and the writer process's own CPU per logged row until then (its last write excluded); the
+logs go to a scratch data folder, removed after the run.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def _bodies(scratch: Path, assets: int, rng: np.random.Generator) -> dict[str, P
     return files
 
 
+def _writer_cpu_s(server_pid: int) -> float:
+    """CPU seconds of the server's feature log writer processes so far (`serving.feature_log_writer`)."""
+    import psutil
+
+    writers = [p for p in psutil.Process(server_pid).children(recursive=True)
+               if "serving.feature_log_writer" in p.cmdline()]
+    return sum(sum(p.cpu_times()[:2]) for p in writers)
+
+
 def _written(folder: Path) -> tuple[int, int, int]:
     """Rows, files and bytes of the service's logs on disk."""
     import pyarrow.dataset as ds
@@ -88,10 +98,12 @@ def command(ctx, assets: int, rate: float, load_seconds: float, segments: int, w
             time.sleep(1.1)  # workers share their counters every second
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as reply:
                 counts = json.loads(reply.read())["feature_log"].get(SERVICES["on"], {})
+            writer_cpu_s = _writer_cpu_s(pid)
         rows, files, size = _written(scratch / "data" / "feature_logs" / SERVICES["on"])
     ours, peer = figures(measured["on"]), figures(measured["off"])
     ours.update({**differences(ours, peer), "logged_rows": counts.get("logged", 0),
-                 "dropped_rows": counts.get("dropped", 0), "written_rows": rows, "log_files": files, "log_bytes": size})
+                 "dropped_rows": counts.get("dropped", 0), "written_rows": rows, "log_files": files, "log_bytes": size,
+                 "writer_cpu_us_per_logged_row": round(writer_cpu_s / max(1, counts.get("logged", 0)) * 1e6, 1)})
     met = {f"segment_p99_median_delta_ms<={TARGET_P99_DELTA_MS}":
            ours["segment_p99_median_delta_ms"] <= TARGET_P99_DELTA_MS,
            "dropped_rows==0": ours["dropped_rows"] == 0, "written_rows==logged_rows": rows == ours["logged_rows"],

@@ -1,100 +1,139 @@
-"""Feature logging in the server: the vectors served for services with `logging`, written as Parquet in Feast's
-feature-logging layout (the schema of Feast's `FeatureServiceLoggingSource`, one folder per `__log_date`,
-hive-style), so that Feast's file offline store reads them.
+"""Feature logging in the server: the vectors served for services with `logging`, handed to a writer process
+(`serving.feature_log_writer`) that writes them as Parquet in Feast's feature-logging layout.
 
 The request path decides whether a request is sampled and appends the bytes of the answer it sends (Feast's JSON
 response body, however it was written: the one-row fast path of `serving.row_answer` included) to a queue: one
 tuple per answer, no parsing, no Python per value. The queue is bounded in rows and never waits: an answer that
-would pass the bound is dropped and counted. A writer thread takes the whole queue every `DRAIN_S`, parses the
-answers back into columns (per result its values, statuses and event timestamps, as sent), turns them into Arrow,
-and writes one file per service and date every `flush_s` or `flush_rows`, and at shutdown. Files are named by
-worker and sequence and appear whole, by rename.
+would pass the bound is dropped and counted. The bound counts a row until the writer process has parsed it, so the
+rows on their way (here, in the pipe, in the writer's queue) are bounded together.
 
-The writer shares the GIL with the event loop. It parses `PARSE_ANSWERS` answers at a time and makes one column
-Arrow at a time, sleeping `PAUSE_S` after each step, so a request that arrives meanwhile waits for one step's
-work at most: a thread that held on to the GIL would keep the loop waiting up to the interpreter's switch
-interval (5 ms).
+The first answer queued starts a courier thread and the writer process (a worker that logs nothing runs neither).
+The courier takes the whole queue every `SEND_S` and sends it to the writer process as one message through a
+non-blocking pipe, and reads the writer's reports (rows parsed, written, failed) into the server's counters. Its
+work per batch is one pickle of the answers' bytes and one write, nothing per value, so it holds the GIL, which the
+event loop needs, briefly: the parsing, Arrow and Parquet run in the other process, on another core when there is
+one.
+
+A writer process that dies loses the rows it held: they are counted as `failed`, a log line says so, and a new
+writer is started (`MAX_RESTARTS` times; then logging stops in this worker, with a log line, and the rows of
+logged services are counted as `dropped`). Requests are answered as before throughout.
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
 import random
 import secrets
+import select
+import subprocess
+import sys
 import threading
 import time
 import zlib
-from collections import deque
-from dataclasses import dataclass, field
-from itertools import islice
-from operator import itemgetter
 from pathlib import Path
-from typing import Iterator, Optional
-
-import numpy as np
-import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from typing import Optional
 
 from common.config import FeatureLogSettings
 from serving.catalog import LogSpec
-from serving.result import NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT
+from serving.feature_log_pipe import FrameReader, frame
 from serving.stats import ServerStats
 
 logger = logging.getLogger(__name__)
 
-LOG_TIMESTAMP, LOG_DATE, REQUEST_ID = "__log_timestamp", "__log_date", "__request_id"  # feast.feature_logging's
-STATUS_CODES = {PRESENT: 1, NULL_VALUE: 2, NOT_FOUND: 3, OUTSIDE_MAX_AGE: 4}  # Feast's FieldStatus
-DRAIN_S = 0.2  # the longest an answer waits before it becomes Arrow: the queue bound's headroom
-PAUSE_S = 0.0002  # between two steps: long enough for the event loop's thread to wake up and take the GIL
-PARSE_ANSWERS = 4  # answers parsed in one step, between two pauses
-_US_PER_DAY = 86_400_000_000
+SEND_S = 0.02  # how often the courier hands the queue to the writer process
+MAX_RESTARTS = 3  # writer processes started after the first one died, per worker
+PIPE_BYTES = 1 << 20  # asked of the kernel for the pipe to the writer (Linux's default most: 1 MiB)
 _SPAN = 1 << 32  # deterministic sampling: the CRC-32 of a request id against sample_rate * 2^32
-_VALUES, _STATUSES, _STAMPS = itemgetter("values"), itemgetter("statuses"), itemgetter("event_timestamps")
+_ROOT = Path(__file__).resolve().parents[1]  # the folder holding `serving`: the writer imports the same code
+
+Queued = tuple[LogSpec, bytes, int, str, int]  # spec, answer as sent, rows, request id, log time (µs)
 
 
-def _consume(calls: Iterator) -> None:
-    deque(calls, maxlen=0)  # runs a lazy map in C
+class _WriterProcess:
+    """One writer process, the bytes not yet written to it, and what it was sent and reported, per service."""
 
+    def __init__(self, settings: FeatureLogSettings, token: str):
+        path = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "serving.feature_log_writer", settings.model_dump_json(), token],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
+        self.to_writer = self.process.stdin.fileno()  # type: ignore[union-attr]
+        self.from_writer = self.process.stdout.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self.to_writer, False)
+        try:
+            fcntl.fcntl(self.to_writer, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:  # above the host's /proc/sys/fs/pipe-max-size: the default 64 KiB works, in more writes
+            pass
+        self.unsent = bytearray()
+        self.keys: dict[LogSpec, int] = {}  # the services it was told about, and their key in its messages
+        self.sent: dict[str, int] = {}  # rows per service
+        self.sent_rows = 0
+        self.taken = 0  # rows it has parsed (its last report)
+        self.buffered = 0
+        self.counts: dict[str, tuple[int, int, int, int]] = {}  # written, failed, files, bytes per service
+        self._reports = FrameReader()
 
-class _Queued:
-    """Answers of one service (one catalog version of it) not yet in Arrow, column by column. An answer's results
-    are its join keys, then the service's features in order."""
+    def send(self, queued: list[Queued]) -> None:
+        """Frame a batch of answers (preceded by the services the writer does not know yet)."""
+        by_spec: dict[int, int] = {}  # id(spec) -> key, for this batch: a spec is hashed once per batch
+        answers, rows_by_key = [], {}
+        for spec, answer, rows, request_id, log_us in queued:
+            key = by_spec.get(id(spec))
+            if key is None:
+                key = by_spec[id(spec)] = self._key(spec)
+            answers.append((key, answer, rows, request_id, log_us))
+            rows_by_key[spec.service] = rows_by_key.get(spec.service, 0) + rows
+        rows = sum(rows_by_key.values())
+        self.unsent += frame(("answers", rows, answers))
+        for service, count in rows_by_key.items():
+            self.sent[service] = self.sent.get(service, 0) + count
+        self.sent_rows += rows
 
-    def __init__(self, spec: LogSpec, names: list[str]):
-        self.spec = spec
-        self.keys = names[:len(names) - len(spec.features)]
-        self.width = len(names)
-        self.values: list[list] = [[] for _ in names]
-        self.statuses: list[list] = [[] for _ in spec.features]
-        self.stamps: list[list] = [[] for _ in spec.features]
-        self.request_ids: list[str] = []
-        self.log_us: list[int] = []
-        self.rows = 0
+    def _key(self, spec: LogSpec) -> int:
+        key = self.keys.get(spec)
+        if key is None:
+            key = self.keys[spec] = len(self.keys)
+            self.unsent += frame(("service", key, spec.service, spec.path, spec.schema, spec.features))
+        return key
 
-    def add(self, results: list[dict], rows: int, request_id: str, log_us: int) -> bool:
-        """Append one answer's columns; False (nothing appended) when it does not have this service's shape."""
-        if len(results) != self.width:
-            return False
-        _consume(map(list.extend, self.values, map(_VALUES, results)))
-        _consume(map(list.extend, self.statuses, map(_STATUSES, islice(results, len(self.keys), None))))
-        _consume(map(list.extend, self.stamps, map(_STAMPS, islice(results, len(self.keys), None))))
-        self.request_ids.extend(itertools.repeat(request_id, rows))
-        self.log_us.extend(itertools.repeat(log_us, rows))
-        self.rows += rows
-        return True
+    def exchange(self, wait_s: float) -> Optional[list[tuple]]:
+        """Write what the pipe takes and read the writer's reports, waiting up to `wait_s` for either; None when
+        the writer is gone."""
+        writable = [self.to_writer] if self.unsent else []
+        try:
+            readable, writable, _ = select.select([self.from_writer], writable, [], wait_s)
+            if writable:
+                del self.unsent[:os.write(self.to_writer, self.unsent)]
+            if readable:
+                data = os.read(self.from_writer, 1 << 16)
+                return self._reports.feed(data) if data else None
+        except BlockingIOError:  # the pipe filled between select and write
+            pass
+        except OSError:  # BrokenPipeError: it exited
+            return None
+        return []
 
-
-@dataclass
-class _Buffer:
-    """Arrow batches of one service converted and not yet written."""
-
-    spec: LogSpec
-    batches: list[pa.RecordBatch] = field(default_factory=list)
-    rows: int = 0
+    def finish(self, timeout_s: float) -> tuple[list[tuple], bool]:
+        """Send everything, close its input (it writes its files and exits) and read its reports to the end: the
+        reports, and False when it died or did not finish within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        reports: list[tuple] = []
+        while self.unsent and time.monotonic() < deadline:
+            got = self.exchange(0.1)
+            if got is None:
+                return reports, False
+            reports += got
+        self.process.stdin.close()  # type: ignore[union-attr]
+        while time.monotonic() < deadline:
+            got = self.exchange(0.1)
+            if got is None:
+                return reports, self.process.wait() == 0
+            reports += got
+        self.process.kill()
+        return reports, False
 
 
 class FeatureLogger:
@@ -103,16 +142,17 @@ class FeatureLogger:
     def __init__(self, settings: FeatureLogSettings, stats: ServerStats):
         self.settings = settings
         self.stats = stats
-        self._lock = threading.Lock()  # the queue: appended to by the event loop, taken whole by the writer
-        self._queued: list[tuple[LogSpec, bytes, int, str, int]] = []  # spec, answer as sent, rows, id, log time
-        self._queued_rows = 0
-        self._token = f"{os.getpid()}-{secrets.token_hex(4)}"  # unique per worker: file names, generated ids
+        self._lock = threading.Lock()  # the queue and the bound: the event loop appends, the courier takes
+        self._queued: list[Queued] = []
+        self._open_rows = 0  # accepted and not yet parsed by the writer: what the bound counts
+        self._token = f"{os.getpid()}-{secrets.token_hex(4)}"  # unique per worker: generated ids
         self._ids = itertools.count()
-        self._files = itertools.count()
-        self._buffers: dict[str, _Buffer] = {}
-        self._wake = threading.Event()
-        self._stopping = False
+        self._off = False  # the writer died too often: nothing more is logged
+        self._stopping = threading.Event()
+        self._started = False  # the server runs: the first answer queued starts the courier and the writer
         self._thread: Optional[threading.Thread] = None
+        self._restarts = 0
+        self._finish_s = 60.0
 
     def offer(self, spec: LogSpec, answer: bytes, rows: int, request_id: Optional[str]) -> Optional[str]:
         """Queue an answer (Feast's JSON response body of `rows` entity rows, as sent) when its request is
@@ -127,162 +167,132 @@ class FeatureLogger:
             return None
         counts = self.stats.log_counts(spec.service)
         with self._lock:
-            queued = self._queued_rows
-            if not rows or queued + rows > self.settings.queue_rows:
+            held = self._open_rows
+            if self._off or not rows or held + rows > self.settings.queue_rows:
                 counts.dropped += rows
                 return None
             self._queued.append((spec, answer, rows, request_id, time.time_ns() // 1000))
-            self._queued_rows = queued + rows
+            self._open_rows = held + rows
         counts.logged += rows
-        self.stats.log_queued = queued + rows
-        if queued * 2 < self.settings.queue_rows <= (queued + rows) * 2:
-            self._wake.set()  # half full: convert now rather than at the next DRAIN_S
+        self.stats.log_queued = held + rows
+        if self._thread is None and self._started:
+            self._launch()
         return request_id
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="feature-log-writer", daemon=True)
+        """From now on, the first answer queued starts the writer process: a server with no logged service, or
+        whose logged services are not requested, runs none."""
+        self._started = True
+        if self._queued:
+            self._launch()
+
+    def _launch(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="feature-log-courier", daemon=True)
         self._thread.start()
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Convert and write everything queued (the server has stopped serving), then stop the thread."""
+        """Hand over everything queued (the server has stopped serving), let the writer write it and stop."""
         if self._thread is None:
             return
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout_s)
+        self._finish_s = timeout_s
+        self._stopping.set()
+        self._thread.join(timeout_s + 1)
         if self._thread.is_alive():
             logger.error("feature log writer still busy after %.0f s at shutdown: rows not yet written are lost",
                          timeout_s)
 
-    def _run(self) -> None:
-        last_write = time.monotonic()
-        while not self._stopping:
-            self._wake.wait(DRAIN_S)
-            self._wake.clear()
-            self._drain()
-            buffered = self.stats.log_buffered
-            if buffered >= self.settings.flush_rows or (buffered and time.monotonic() - last_write
-                                                        >= self.settings.flush_s):
-                for service in list(self._buffers):
-                    self._write_buffer(service)
-                last_write = time.monotonic()
-        self._drain()
-        for service in list(self._buffers):
-            self._write_buffer(service)
-
-    def _drain(self) -> None:
-        """Take the whole queue and turn it into one Arrow batch per service (and catalog version of it)."""
+    def _take(self) -> list[Queued]:
         with self._lock:
-            taken, self._queued, self._queued_rows = self._queued, [], 0
+            taken, self._queued = self._queued, []
+        return taken
+
+    def _run(self) -> None:
+        writer = None
+        try:
+            writer = self._new_writer()
+            while writer is not None:
+                stopping = self._stopping.is_set()
+                taken = self._take()
+                if taken:
+                    writer.send(taken)
+                if stopping:
+                    self._finished(writer)
+                    return
+                reports = writer.exchange(SEND_S)
+                if reports is None:
+                    writer = self._replaced(writer)
+                elif reports:
+                    self._account(writer, reports)
+        except Exception:  # a bug here must not go unnoticed, nor reach the requests
+            logger.exception("feature log courier failed; feature logging is off in this worker")
+            if writer is not None:
+                self._lost(writer, "was stopped")
+            self._turn_off()
+
+    def _finished(self, writer: _WriterProcess) -> None:
+        reports, finished = writer.finish(self._finish_s)
+        if reports:
+            self._account(writer, reports)
+        if not finished:
+            self._lost(writer, "did not finish its last write")
+
+    def _new_writer(self) -> Optional[_WriterProcess]:
+        try:
+            return _WriterProcess(self.settings, f"{self._token}-{self._restarts}")
+        except OSError as exc:
+            logger.error("feature log writer process could not start (%s); feature logging is off in this worker",
+                         exc)
+            self._turn_off()
+            return None
+
+    def _account(self, writer: _WriterProcess, reports: list[tuple]) -> None:
+        """The writer's latest report into the counters: what changed since the one before."""
+        _, taken, buffered, counts = reports[-1]
+        for service, now in counts.items():
+            before = writer.counts.get(service, (0, 0, 0, 0))
+            mine = self.stats.log_counts(service)
+            mine.written += now[0] - before[0]
+            mine.failed += now[1] - before[1]
+            mine.files += now[2] - before[2]
+            mine.bytes += now[3] - before[3]
+        writer.counts = counts
+        with self._lock:
+            self._open_rows -= taken - writer.taken
+            self.stats.log_queued = self._open_rows
+        writer.taken, writer.buffered = taken, buffered
+        self.stats.log_buffered = buffered
+
+    def _replaced(self, writer: _WriterProcess) -> Optional[_WriterProcess]:
+        self._lost(writer, f"exited with code {writer.process.wait()}")
+        if self._restarts >= MAX_RESTARTS:
+            logger.error("feature log writer died %d times; feature logging is off in this worker until it "
+                         "restarts (logged services are served, their rows counted as dropped)", self._restarts + 1)
+            self._turn_off()
+            return None
+        self._restarts += 1
+        return self._new_writer()
+
+    def _lost(self, writer: _WriterProcess, what: str) -> None:
+        """Count the rows a writer was sent and neither wrote nor reported failed; release them from the bound."""
+        writer.process.kill()
+        writer.process.wait()
+        lost = 0
+        for service, sent in writer.sent.items():
+            written, failed = writer.counts.get(service, (0, 0, 0, 0))[:2]
+            self.stats.log_counts(service).failed += sent - written - failed
+            lost += sent - written - failed
+        with self._lock:
+            self._open_rows -= writer.sent_rows - writer.taken
+            self.stats.log_queued = self._open_rows
+        self.stats.log_buffered = 0
+        logger.error("feature log writer process %d %s: %d logged rows not yet written are lost (counted as failed)",
+                     writer.process.pid, what, lost)
+
+    def _turn_off(self) -> None:
+        with self._lock:
+            self._off = True
+            taken, self._queued = self._queued, []
+            self._open_rows = 0
+        for spec, _, rows, _, _ in taken:
+            self.stats.log_counts(spec.service).failed += rows
         self.stats.log_queued = 0
-        for columns in self._parse(taken).values():
-            if columns.rows:
-                self._convert(columns)
-        self.stats.log_buffered = sum(b.rows for b in self._buffers.values())
-
-    def _parse(self, taken: list[tuple[LogSpec, bytes, int, str, int]]) -> dict[int, _Queued]:
-        """The queued answers as columns, per spec (by its id: each _Queued keeps its spec alive)."""
-        parsed: dict[int, _Queued] = {}
-        for i, (spec, answer, rows, request_id, log_us) in enumerate(taken, 1):
-            response = orjson.loads(answer)
-            columns = parsed.get(id(spec))
-            if columns is None:
-                columns = parsed[id(spec)] = _Queued(spec, response["metadata"]["feature_names"])
-            if not columns.add(response["results"], rows, request_id, log_us):
-                self.stats.log_counts(spec.service).failed += rows  # the catalog changed under the plan: rare
-            if i % PARSE_ANSWERS == 0:
-                time.sleep(PAUSE_S)
-        return parsed
-
-    def _convert(self, columns: _Queued) -> None:
-        spec = columns.spec
-        try:
-            arrays: dict[str, pa.Array] = {}
-            for _ in _arrays(columns, arrays):
-                time.sleep(PAUSE_S)
-            batch = pa.RecordBatch.from_arrays([arrays[f.name] for f in spec.schema], schema=spec.schema)
-        except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
-            logger.error("feature log of `%s`: %d rows do not fit its logged schema: %s", spec.service,
-                         columns.rows, exc)
-            self.stats.log_counts(spec.service).failed += columns.rows
-            return
-        buffer = self._buffers.get(spec.service)
-        if buffer is not None and buffer.spec.schema != spec.schema:
-            self._write_buffer(spec.service)  # the service changed: its older rows get their own file
-        buffer = self._buffers.setdefault(spec.service, _Buffer(spec))
-        buffer.batches.append(batch)
-        buffer.rows += columns.rows
-
-    def _write_buffer(self, service: str) -> None:
-        """One file per date of the service's buffered rows; rows that cannot be written are counted, not kept."""
-        buffer = self._buffers.pop(service)
-        counts = self.stats.log_counts(service)
-        try:
-            table = pa.Table.from_batches(buffer.batches, schema=buffer.spec.schema)
-            for date, part in _by_date(table):
-                counts.bytes += self._write(Path(buffer.spec.path) / f"{LOG_DATE}={date}", part)
-                counts.files += 1
-                counts.written += part.num_rows
-                buffer.rows -= part.num_rows
-        except (OSError, pa.ArrowException) as exc:
-            logger.error("feature log of `%s`: %d rows could not be written under %s: %s", service, buffer.rows,
-                         buffer.spec.path, exc)
-            counts.failed += buffer.rows
-        self.stats.log_buffered = sum(b.rows for b in self._buffers.values())
-
-    def _write(self, folder: Path, table: pa.Table) -> int:
-        """One Parquet file, written under a hidden name (readers skip names starting with `.`) and renamed."""
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"{self._token}-{next(self._files):06d}.parquet"
-        hidden = folder / f".{name}.tmp"
-        pq.write_table(table, hidden)
-        hidden.replace(folder / name)
-        return (folder / name).stat().st_size
-
-
-def _by_date(table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
-    """The rows of each `__log_date`, without that column (the folder name carries it)."""
-    dates = table.column(LOG_DATE)
-    rest = table.drop_columns([LOG_DATE])
-    for date in pc.unique(dates).to_pylist():
-        yield date.isoformat(), rest.filter(pc.equal(dates, pa.scalar(date, pa.date32())))
-
-
-def _arrays(columns: _Queued, out: dict[str, pa.Array]) -> Iterator[None]:
-    """Fill `out` with the log columns of queued answers, yielding after each feature so that the writer can
-    pause: values, statuses and timestamps as the answers said them (timestamps to the second, Feast's type)."""
-    schema, features = columns.spec.schema, columns.spec.features
-    for key, values in zip(columns.keys, columns.values):
-        out[key] = pa.array(values, schema.field(key).type)
-    rows = columns.rows
-    present = pa.array(np.full(rows, STATUS_CODES[PRESENT], dtype=np.int32))
-    last_stamps, seconds = None, None
-    for column, values, statuses, stamps in zip(features, columns.values[len(columns.keys):], columns.statuses,
-                                                columns.stamps):
-        yield
-        out[column] = _values(values, schema.field(column).type)
-        if statuses.count(PRESENT) == rows:
-            out[f"{column}__status"] = present
-        else:
-            out[f"{column}__status"] = pa.array(list(map(STATUS_CODES.__getitem__, statuses)), pa.int32())
-        if stamps != last_stamps:  # the features of a view share their timestamps: converted once
-            last_stamps, seconds = stamps, _seconds(stamps)
-        kind = schema.field(f"{column}__timestamp").type
-        out[f"{column}__timestamp"] = seconds.cast(pa.timestamp("s", kind.tz)).cast(kind)
-    yield
-    out[REQUEST_ID] = pa.array(columns.request_ids, pa.string())
-    log_us = np.asarray(columns.log_us, dtype=np.int64)
-    out[LOG_TIMESTAMP] = pa.array(log_us, schema.field(LOG_TIMESTAMP).type)
-    out[LOG_DATE] = pa.array((log_us // _US_PER_DAY).astype(np.int32)).cast(pa.date32())
-
-
-def _seconds(stamps: list[str]) -> pa.Array:
-    """RFC 3339 times (`2026-03-01T22:00:01.5Z`, the answer's spelling) to the second, as a naive timestamp."""
-    return pc.utf8_slice_codeunits(pa.array(stamps, pa.string()), 0, 19).cast(pa.timestamp("s"))
-
-
-def _values(values: list, kind: pa.DataType) -> pa.Array:
-    """A feature's values; the JSON spelling of non-finite floats ("NaN", "Infinity") read back as floats."""
-    if pa.types.is_floating(kind) and str in set(map(type, values)):
-        values = [float(v) if isinstance(v, str) else v for v in values]
-    return pa.array(values, kind)

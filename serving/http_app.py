@@ -349,7 +349,7 @@ class FeatureServer:
             request, replies = await client.fetch(features, entities, full)
             payload = self._answered(features, request, replies, arrow)
             spec = self._logged(features)
-            if spec is not None:  # the JSON answer, parsed back into columns by the log's writer thread
+            if spec is not None:  # the JSON answer, parsed back into columns by the log's writer process
                 sent = orjson.dumps(request.finish(replies).to_feast_response()) if arrow else payload
                 logged = self.feature_log.offer(spec, sent, request.rows, request_id)  # type: ignore[union-attr]
             return payload

@@ -7,82 +7,29 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 import time
 import urllib.request
 import zlib
 from pathlib import Path
 
-import httptools
 import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-import yaml
-from cli_helpers import copy_example_repo, free_port, register_repo
+from cli_helpers import free_port
+from feature_log_env import (log_counts, log_table, logged_repo, one_feature_spec, one_row_answer, pipelined,
+                             post_features)
 from featurectl.services.scratch_redis import RedisServer
-from serving_env import feast_rows, feature_server, get
+from serving_env import feature_server
 
 from common.config import FeatureLogSettings
-from dsl.types import ValueType
-from redis_store.layout import encode_timestamp
-from serving.catalog import LogSpec
 from serving.feature_log import FeatureLogger
-from serving.result import OnlineFeatures, ViewRows
 from serving.stats import ServerStats
 
 pytestmark = pytest.mark.integration
 
-LOGGED = """
-from dsl import FeatureLogging
-
-logged_ranking = FeatureService("logged_ranking", features=[asset_activity[["views_1h", "dwell_ms_mean_1h"]],
-                                                            asset_attributes[["category", "polygon_count"]]],
-                                logging=FeatureLogging(sample_rate=1.0))
-sampled_ranking = FeatureService("sampled_ranking", features=[asset_activity[["views_1h"]]],
-                                 logging=FeatureLogging(sample_rate=0.5))
-"""
 STATUS = {"PRESENT": 1, "NULL_VALUE": 2, "NOT_FOUND": 3, "OUTSIDE_MAX_AGE": 4}
 ENTITY_LISTS = [["a1"], ["a1", "a2", "zz", "old"], ["old", "a1"], ["zz"], ["old"], ["a2"]]  # one row: the fast path
-
-
-def _repo(folder: Path, project: str, redis_port: int, logging: dict) -> tuple[Path, object]:
-    repo = copy_example_repo(folder, project, {"path": f"sqlite:///{folder / project}.db"},
-                             {"type": "redis", "connection_string": f"127.0.0.1:{redis_port}"},
-                             data_dir=folder / "data")
-    with (repo / "features.py").open("a") as out:
-        out.write(LOGGED)
-    settings = yaml.safe_load((repo / "feature_store.yaml").read_text())
-    settings["platform"]["feature_logging"] = logging
-    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    store = register_repo(repo)
-    recent = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
-    feast_rows(store, "asset_activity", {"a1": {"views_1h": 4, "dwell_ms_mean_1h": 2.5}, "a2": {"views_1h": 1}},
-               recent)
-    feast_rows(store, "asset_activity", {"old": {"views_1h": 9, "dwell_ms_mean_1h": 1.0}},
-               recent - dt.timedelta(days=3))
-    feast_rows(store, "asset_attributes", {"a1": {"category": "chair", "polygon_count": 1200},
-                                           "old": {"category": "lamp"}}, recent)
-    return repo, store
-
-
-def _post(url: str, body: dict, request_id: str | None = None) -> tuple[int, dict, str | None]:
-    headers = {"Content-Type": "application/json", **({"X-Request-ID": request_id} if request_id else {})}
-    request = urllib.request.Request(url + "/get-online-features", data=json.dumps(body).encode(), headers=headers)
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return reply.status, json.loads(reply.read()), reply.headers.get("x-request-id")
-
-
-def _logs(repo: Path, service: str) -> pa.Table:
-    path = repo.parent / "data" / "feature_logs" / service
-    return ds.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=["."]).to_table()
-
-
-def _log_counts(url: str, service: str) -> dict:
-    """The server's feature log counters of `service` (all workers: each shares its own every second)."""
-    counts = json.loads(get(url, "/stats")[1])["feature_log"]
-    return counts.get(service, dict.fromkeys(("logged", "dropped", "written", "failed", "files", "bytes"), 0))
-
 
 def _expected_rows(response: dict, service_columns: list[str]) -> list[dict]:
     """What the log must hold for one answer: per entity row, each feature's value, status and timestamp (to the
@@ -106,7 +53,7 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("featurelog")
     redis_server = RedisServer(folder)
     try:
-        repo, store = _repo(folder, f"featurelog{os.getpid()}", redis_server.port, {"flush_s": 0.3})
+        repo, store = logged_repo(folder, f"featurelog{os.getpid()}", redis_server.port, {"flush_s": 0.3})
         with feature_server(repo, free_port(), "--workers", "2") as url:
             yield url, repo, store
     finally:
@@ -121,18 +68,19 @@ def test_every_served_vector_is_logged_as_the_answer_said_it(served):
     expected: dict[str, list[dict]] = {}
     for i in range(40):
         given = f"client-{i}" if i % 3 == 0 else None
-        status, body, logged_id = _post(url, {"feature_service": "logged_ranking", "full_feature_names": i % 2 == 0,
-                                              "entities": {"asset_id": ENTITY_LISTS[i % len(ENTITY_LISTS)]}}, given)
+        body = {"feature_service": "logged_ranking", "full_feature_names": i % 2 == 0,
+                "entities": {"asset_id": ENTITY_LISTS[i % len(ENTITY_LISTS)]}}
+        status, body, logged_id = post_features(url, body, given)
         assert status == 200 and logged_id and (given is None or logged_id == given)
         expected[logged_id] = _expected_rows(body, columns)
     served_rows = sum(len(rows) for rows in expected.values())
     deadline = time.monotonic() + 30  # workers share their counters every second
-    while _log_counts(url, "logged_ranking")["written"] < served_rows and time.monotonic() < deadline:
+    while log_counts(url, "logged_ranking")["written"] < served_rows and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.1)
-    counts = _log_counts(url, "logged_ranking")
+    counts = log_counts(url, "logged_ranking")
     assert [counts[k] for k in ("logged", "dropped", "written", "failed")] == [served_rows, 0, served_rows, 0]
-    table = _logs(repo, "logged_ranking")
+    table = log_table(repo, "logged_ranking")
     assert table.num_rows == served_rows
     logged: dict[str, list[dict]] = {}
     for row in table.to_pylist():
@@ -152,9 +100,9 @@ def test_feast_reads_the_logs_with_the_schema_it_derives(served):
     url, repo, store = served
     from feast.feature_logging import FeatureServiceLoggingSource
 
-    _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1", "zz"]}}, "feast-read")
+    post_features(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1", "zz"]}}, "feast-read")
     deadline = time.monotonic() + 30
-    while "feast-read" not in _logs(repo, "logged_ranking").column("__request_id").to_pylist():
+    while "feast-read" not in log_table(repo, "logged_ranking").column("__request_id").to_pylist():
         assert time.monotonic() < deadline, "the vector was not written within 30 s"
         time.sleep(0.2)
     service = store.get_feature_service("logged_ranking")
@@ -162,7 +110,7 @@ def test_feast_reads_the_logs_with_the_schema_it_derives(served):
     ours = ds.dataset(repo.parent / "data" / "feature_logs" / "logged_ranking", format="parquet", schema=schema,
                       partitioning=ds.partitioning(pa.schema([schema.field("__log_date")]), flavor="hive"),
                       ignore_prefixes=["."]).to_table()
-    assert ours.schema == schema and ours.num_rows == _logs(repo, "logged_ranking").num_rows
+    assert ours.schema == schema and ours.num_rows == log_table(repo, "logged_ranking").num_rows
     now = dt.datetime.now(dt.timezone.utc)
     job = store._get_provider().retrieve_feature_service_logs(
         feature_service=service, start_date=now - dt.timedelta(hours=1), end_date=now + dt.timedelta(hours=1),
@@ -178,13 +126,13 @@ def test_sampling_follows_the_request_id(served):
     url, repo, _ = served
     ids = [f"sample-{i}" for i in range(60)]
     echoed = {rid for rid in ids
-              if _post(url, {"feature_service": "sampled_ranking", "entities": {"asset_id": ["a1"]}}, rid)[2]}
+              if post_features(url, {"feature_service": "sampled_ranking", "entities": {"asset_id": ["a1"]}}, rid)[2]}
     rule = {rid for rid in ids if zlib.crc32(rid.encode()) < 0.5 * 2**32}  # README: crc32(id) < rate * 2^32
     assert echoed == rule and 0 < len(rule) < len(ids)
     deadline = time.monotonic() + 30
-    while _log_counts(url, "sampled_ranking")["written"] < len(rule) and time.monotonic() < deadline:
+    while log_counts(url, "sampled_ranking")["written"] < len(rule) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert set(_logs(repo, "sampled_ranking").column("__request_id").to_pylist()) == rule
+    assert set(log_table(repo, "sampled_ranking").column("__request_id").to_pylist()) == rule
 
 
 def test_an_arrow_answer_is_logged_as_its_json_twin(served):
@@ -201,69 +149,34 @@ def test_an_arrow_answer_is_logged_as_its_json_twin(served):
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert reply.headers["Content-Type"] == arrow and reply.headers["x-request-id"] == "arrow-logged"
         assert pa.ipc.open_stream(reply.read()).read_all().num_rows == 4
-    expected = _expected_rows(_post(url, body)[1], columns)
+    expected = _expected_rows(post_features(url, body)[1], columns)
     deadline = time.monotonic() + 30
     rows: list[dict] = []
     while not rows and time.monotonic() < deadline:
         time.sleep(0.2)
         if (repo.parent / "data" / "feature_logs" / "logged_ranking").exists():
-            rows = [row for row in _logs(repo, "logged_ranking").to_pylist() if row["__request_id"] == "arrow-logged"]
+            rows = [row for row in log_table(repo, "logged_ranking").to_pylist() if row["__request_id"] == "arrow-logged"]
     assert [{k: row[k] for k in want} for row, want in zip(rows, expected)] == expected
-
-
-def _pipelined(port: int, bodies: list[bytes]) -> list[int]:
-    """Send every request at once on one connection; the status of each answer."""
-    statuses: list[int] = []
-
-    class Answers:
-        def on_message_complete(self) -> None:
-            statuses.append(parser.get_status_code())
-
-    parser = httptools.HttpResponseParser(Answers())
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"".join(b"POST /get-online-features HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body) for body in bodies))
-        while len(statuses) < len(bodies):
-            data = sock.recv(1 << 16)
-            assert data, "the server closed the connection"
-            parser.feed_data(data)
-    return statuses
 
 
 def test_a_full_queue_drops_and_counts_vectors_never_requests(tmp_path):
     redis_server = RedisServer(tmp_path)
     try:
-        repo, _ = _repo(tmp_path, f"featurelogfull{os.getpid()}", redis_server.port,
+        repo, _ = logged_repo(tmp_path, f"featurelogfull{os.getpid()}", redis_server.port,
                         {"queue_rows": 4, "flush_s": 3600})
         three = json.dumps({"feature_service": "logged_ranking", "entities": {"asset_id": ["a1", "a2", "zz"]}})
         five = json.dumps({"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"] * 5}})
         bodies = [three.encode()] * 60 + [five.encode()]  # five rows never fit a queue of four
         port = free_port()
         with feature_server(repo, port) as url:
-            assert _pipelined(port, bodies) == [200] * len(bodies)
-            counts = _log_counts(url, "logged_ranking")
+            assert pipelined(port, bodies) == [200] * len(bodies)
+            counts = log_counts(url, "logged_ranking")
             assert counts["dropped"] >= 5 and counts["logged"] >= 3
             assert counts["logged"] + counts["dropped"] == 60 * 3 + 5
             assert counts["written"] == 0  # flush_s is an hour: only the shutdown writes
-        assert _logs(repo, "logged_ranking").num_rows == counts["logged"]
+        assert log_table(repo, "logged_ranking").num_rows == counts["logged"]
     finally:
         redis_server.stop()
-
-
-def _answer(value: float) -> bytes:
-    """The answer the server sends for one entity row of one float feature."""
-    stamp = encode_timestamp(int(dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc).timestamp() * 1000))
-    response = OnlineFeatures({"asset_id": ["a1"]}, ["views"], {"views": [value]}, {"views": ValueType.FLOAT64},
-                              {"views": ViewRows([stamp], [], [])})
-    return orjson.dumps(response.to_feast_response())
-
-
-def _spec(path: Path) -> LogSpec:
-    schema = pa.schema([("asset_id", pa.string()), ("v__views", pa.float64()),
-                        ("v__views__timestamp", pa.timestamp("s", "UTC")), ("v__views__status", pa.int32()),
-                        ("__log_timestamp", pa.timestamp("us", "UTC")), ("__log_date", pa.date32()),
-                        ("__request_id", pa.string())])
-    return LogSpec("svc", str(path), 1.0, schema, ("v__views",))
 
 
 def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_path):
@@ -272,15 +185,15 @@ def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_
     blocked.write_text("not a folder")
     log = FeatureLogger(FeatureLogSettings(queue_rows=3, flush_s=3600), stats)
     for value in range(5):  # no writer thread yet: the queue fills, the rest is dropped at once
-        log.offer(_spec(blocked / "logs"), _answer(value), 1, f"r{value}")
+        log.offer(one_feature_spec(blocked / "logs"), one_row_answer(value), 1, f"r{value}")
     assert (stats.feature_log["svc"].logged, stats.feature_log["svc"].dropped, stats.log_queued) == (3, 2, 3)
     log.start()
     log.close()  # cannot create its folder under a file: counted, not raised
     assert (stats.feature_log["svc"].failed, stats.feature_log["svc"].written) == (3, 0)
     good = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
     good.start()
-    good.offer(_spec(tmp_path / "logs"), _answer(7.5), 1, None)
-    good.offer(_spec(tmp_path / "logs"), _answer(float("inf")), 1, None)  # "Infinity" in the JSON answer
+    good.offer(one_feature_spec(tmp_path / "logs"), one_row_answer(7.5), 1, None)
+    good.offer(one_feature_spec(tmp_path / "logs"), one_row_answer(float("inf")), 1, None)  # "Infinity" in JSON
     good.close()
     rows = ds.dataset(tmp_path / "logs", partitioning="hive", ignore_prefixes=["."]).to_table().to_pylist()
     assert [(r["asset_id"], r["v__views"], r["v__views__status"]) for r in rows] == [("a1", 7.5, 1),
@@ -292,7 +205,7 @@ def test_the_queue_bound_never_waits_and_a_failed_write_loses_only_its_rows(tmp_
 @pytest.mark.parametrize("given", ["has space", "x" * 129, "ünï"])
 def test_a_request_id_the_server_would_not_echo_is_replaced(served, given):
     url, _, _ = served
-    status, _, logged_id = _post(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
+    status, _, logged_id = post_features(url, {"feature_service": "logged_ranking", "entities": {"asset_id": ["a1"]}},
                                  given.encode().decode("latin-1"))
     assert status == 200 and logged_id and logged_id != given and " " not in logged_id and len(logged_id) < 64
 
@@ -301,12 +214,12 @@ def test_an_answer_of_another_shape_fails_alone(tmp_path):
     """The writer thread parses the answers: one that does not fit its service (the catalog changed under the
     plan) is counted as failed, and the answers beside it are written."""
     stats = ServerStats()
-    spec = _spec(tmp_path / "logs")
-    wider = orjson.loads(_answer(2.0))
+    spec = one_feature_spec(tmp_path / "logs")
+    wider = orjson.loads(one_row_answer(2.0))
     wider["metadata"]["feature_names"].append("other")
     wider["results"].append(wider["results"][-1])
     log = FeatureLogger(FeatureLogSettings(flush_s=3600), stats)
-    log.offer(spec, _answer(1.0), 1, "fits")
+    log.offer(spec, one_row_answer(1.0), 1, "fits")
     log.offer(spec, orjson.dumps(wider), 1, "wider")
     log.start()
     log.close()

@@ -5,8 +5,9 @@ a plain Python loop over the same files, in one run.
 (read, hash, decode, mesh features, D2 with the default descriptor) from the same inventory. The loop calls the
 same `derive_batch` in this process; the Ray sides run the pipeline's `derive_assets` in one local Ray started as
 `featurectl assets process` starts it (2 CPUs, before the clock; a first small run spawns its workers), with 1 and
-then 2 workers. The ratio is Ray with 2 workers over the loop. The sides take turns for `--rounds` rounds and each reports its best, so
-that a spell of load from other jobs on the host does not fall on one side only (every round is in `params`).
+then 2 workers. The ratio is Ray with 2 workers over the loop. The sides take turns for `--rounds` rounds and each
+reports its best, so that a spell of load from other jobs on the host does not fall on one side only (every round
+is in `params`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""`featurectl assets process` on a real local Ray: features equal trimesh's own, incremental runs, failures, a
-Ray worker SIGKILLed mid-run, materialization read back by Feast."""
+"""`featurectl assets process` on a real local Ray: features equal trimesh's own and the in-process loop's,
+incremental runs, failures, a Ray worker SIGKILLed mid-run, materialization read back by Feast; `bench assets`
+runs every side."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -248,3 +250,13 @@ def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):
         assert derived["surface_area"] == pytest.approx(mesh.area) and len(derived["shape_d2"]) == 64
     listing = pq.read_table(repo.parent / "data/assets/assets.parquet")
     assert listing.num_rows == N_ASSETS + 2 and listing.column("category").to_pylist()[-2:] == ["generated"] * 2
+
+
+def test_assets_benchmark_line_counts_every_side():
+    done = featurectl("bench", "assets", "--assets", "24", "--rounds", "1", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["bench"] == "assets" and set(line["ours"]) == {"assets_per_s", "ray1_assets_per_s"}
+    rounds = line["params"]["rounds"]
+    assert set(rounds) == {"loop", "ray1", "ray2"}
+    assert all(len(rates) == 1 and rates[0] > 0 for rates in rounds.values())

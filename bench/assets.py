@@ -3,15 +3,15 @@ a plain Python loop over the same files, in one run.
 
 `featurectl datagen assets`' generator writes the meshes into a scratch folder. Every side derives every asset
 (read, hash, decode, mesh features, D2 with the default descriptor) from the same inventory. The loop calls the
-same `derive_batch` in this process; the Ray sides run the pipeline's `derive_assets` in one local Ray (2 CPUs,
-started before the clock; a first small run spawns its workers), capped at 1 and then 2 tasks at a time. The
-ratio is Ray with 2 workers over the loop. The sides take turns for `--rounds` rounds and each reports its best, so
-that a spell of load from other jobs on the host does not fall on one side only (every round is in `params`).
+same `derive_batch` in this process; the Ray sides run the pipeline's `derive_assets` in one local Ray started as
+`featurectl assets process` starts it (2 CPUs, before the clock; a first small run spawns its workers), with 1 and
+then 2 workers. The ratio is Ray with 2 workers over the loop. The sides take turns for `--rounds` rounds and each
+reports its best, so that a spell of load from other jobs on the host does not fall on one side only (every round
+is in `params`).
 """
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
 from pathlib import Path
@@ -19,9 +19,6 @@ from pathlib import Path
 import click
 
 from bench._report import emit
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _inventory(folder: Path, n: int):
     from batch.assets.inventory import take_inventory
@@ -59,28 +56,21 @@ def _ray_rate(todo, descriptor, workers: int) -> float:
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
               help="rounds of loop, Ray 1, Ray 2 in turn; each side's best round is reported")
 def command(n_assets: int, rounds: int) -> None:
-    """Assets/s: Ray Data at 1 and 2 workers against a plain Python loop, same files."""
-    import ray
-
-    from batch.assets.pipeline import derive_assets
+    """Assets/s: Ray at 1 and 2 workers against a plain Python loop, same files."""
+    from batch.assets.pipeline import derive_assets, ray_session
 
     rates: dict[str, list[float]] = {"loop": [], "ray1": [], "ray2": []}
-    with tempfile.TemporaryDirectory(prefix="bench-assets-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-assets-") as scratch, ray_session(None, 2) as start_ray:
         source, todo = _inventory(Path(scratch), n_assets)
         descriptor = source.embedding
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=256 * 1024**2, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-        try:
-            for _ in derive_assets(todo.slice(0, 16), descriptor, 2):  # spawns the workers
-                pass
-            for _ in range(rounds):
-                rates["loop"].append(_loop_rate(todo, descriptor))
-                rates["ray1"].append(_ray_rate(todo, descriptor, 1))
-                rates["ray2"].append(_ray_rate(todo, descriptor, 2))
-                click.echo(", ".join(f"{side}: {values[-1]} assets/s" for side, values in rates.items()))
-        finally:
-            ray.shutdown()
+        start_ray()
+        for _ in derive_assets(todo.slice(0, 16), descriptor, 2):  # spawns the workers
+            pass
+        for _ in range(rounds):
+            rates["loop"].append(_loop_rate(todo, descriptor))
+            rates["ray1"].append(_ray_rate(todo, descriptor, 1))
+            rates["ray2"].append(_ray_rate(todo, descriptor, 2))
+            click.echo(", ".join(f"{side}: {values[-1]} assets/s" for side, values in rates.items()))
     emit("assets", {"assets_per_s": max(rates["ray2"]), "ray1_assets_per_s": max(rates["ray1"])},
          {"assets_per_s": max(rates["loop"])},
          {"assets": n_assets, "rounds": rates, "descriptor": "d2", "bins": descriptor.bins, "pairs": descriptor.pairs})

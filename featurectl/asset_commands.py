@@ -92,7 +92,7 @@ def _ray_options(command: Callable) -> Callable:
 
 @click.group()
 def assets() -> None:
-    """Derive features from 3D asset files (Ray Data), list failures, generate assets."""
+    """Derive features from 3D asset files (on Ray), list failures, generate assets."""
 
 
 @assets.command()

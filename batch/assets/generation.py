@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -101,9 +102,7 @@ def generate(prompts: pa.Table, out: Path, config, actors: int, repo: Optional[s
     import ray.data
     import torch
 
-    from batch.assets.pipeline import quiet_ray_data
-
-    quiet_ray_data()
+    _quiet_ray_data()
     out.mkdir(parents=True, exist_ok=True)
     size = max(config.batch_buckets)
     blocks = [prompts.slice(lo, size) for lo in range(0, prompts.num_rows, size)]
@@ -117,6 +116,14 @@ def generate(prompts: pa.Table, out: Path, config, actors: int, repo: Optional[s
         if on_rows:
             on_rows(batch.num_rows)
         yield batch
+
+
+def _quiet_ray_data() -> None:
+    """Our progress bars instead of Ray Data's; no per-dataset start/finish lines or tuning advice."""
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 @dataclass

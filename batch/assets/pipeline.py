@@ -1,14 +1,21 @@
-"""`featurectl assets process` as a Ray Data pipeline: list -> decode mesh -> features -> offline tables.
+"""`featurectl assets process` on Ray: list -> (read, hash, decode mesh, features, D2) in one task per block ->
+offline tables.
 
-The changed assets (`batch.assets.inventory`) are cut into small blocks and mapped by `derive_batch` in Ray tasks,
-at most `workers` at a time; the driver streams the derived rows back (a progress callback per block) and writes
-them (`batch.assets.offline`). A Ray worker that dies mid-task (killed, out of memory) has its task run again
-(`TASK_RETRIES`): a task is a pure function of its block, and Ray Data hands over a block's output only once its
-task succeeded, so every asset comes back exactly once; the writes that follow replace rows by (asset, version),
-so running the whole pipeline again is harmless too. A file that cannot be derived is a FAILED row, not an
-exception: one corrupt mesh never stops a run.
+The changed assets (`batch.assets.inventory`) are cut into blocks, each derived by `derive_batch` in one Ray task
+(file paths travel to the task, never file bytes). Every block is submitted at once into a placement group of
+`workers` one-CPU bundles: at most `workers` tasks run at a time on any cluster, and a worker starts its next block
+the moment it ends one, without waiting for the driver. The blocks shrink towards the end (`block_sizes`) so the
+workers finish together. The driver only collects the derived rows as tasks end (a progress callback per block) and
+writes them (`batch.assets.offline`). Ray Data's streaming executor is not used here: it refills a finished task's
+slot only when its scheduling loop next polls (every 0.1 s), which left a worker idle about 80 ms per block on this
+2-core host, and its driver threads and helper actors took CPU from the two workers.
 
-Ray runs locally by default: started by `local_ray` with `num_cpus=workers`, bound to 127.0.0.1, without its
+A Ray worker that dies mid-task (killed, out of memory) has its task run again (`TASK_RETRIES`): a task is a pure
+function of its block, and its rows are taken only once it succeeded, so every asset comes back exactly once; the
+writes that follow replace rows by (asset, version), so running the whole pipeline again is harmless too. A file
+that cannot be derived is a FAILED row, not an exception: one corrupt mesh never stops a run.
+
+Ray runs locally by default: started by `ray_session` with `num_cpus=workers`, bound to 127.0.0.1, without its
 dashboard, stopped at the end; or the pipeline joins an existing cluster by address (its nodes must see the files
 and the data folder, and have this package installed).
 """
@@ -16,6 +23,8 @@ and the data folder, and have this package installed).
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import logging
 import os
 import socket
@@ -38,8 +47,9 @@ from dsl.feature_view import FeatureView
 
 log = logging.getLogger(__name__)
 TASK_RETRIES = 3
-TASKS_PER_WORKER = 8  # blocks per worker: enough to even out uneven meshes, few enough that per-task cost is small
-MAX_BLOCK_ASSETS = 64  # and a retry redoes little
+MAX_BLOCK_ASSETS = 64  # a retry redoes little, and progress comes often
+MIN_BLOCK_ASSETS = 4  # a task costs about a millisecond of scheduling: blocks of a few meshes still pay for it
+GROUP_TIMEOUT_S = 30.0
 OBJECT_STORE_BYTES = 256 * 1024**2
 REACH_TIMEOUT_S = 5.0
 
@@ -116,34 +126,55 @@ def _check_reachable(address: str) -> None:
                                  "cluster (`ray start --head`) or leave out --address for a local Ray") from None
 
 
-def quiet_ray_data() -> None:
-    """Our progress bars instead of Ray Data's; no per-dataset start/finish lines or tuning advice."""
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
+def block_sizes(n: int, workers: int) -> list[int]:
+    """Sizes of consecutive blocks of `n` assets: a share of what is left per worker (guided scheduling), at most
+    MAX_BLOCK_ASSETS, at least MIN_BLOCK_ASSETS, so the last blocks are small and the workers end together."""
+    sizes = []
+    while n > 0:
+        size = min(n, MAX_BLOCK_ASSETS, max(MIN_BLOCK_ASSETS, -(-n // (2 * workers))))
+        sizes.append(size)
+        n -= size
+    return sizes
 
 
 def derive_assets(todo: pa.Table, descriptor: ShapeDescriptor, workers: int,
                   on_assets: Optional[Callable[[int], None]] = None) -> Iterator[pa.Table]:
     """Derived rows of every asset of `todo` (INPUT_SCHEMA), in blocks as Ray tasks finish them."""
-    import ray.data
+    import ray
     import ray.exceptions
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    quiet_ray_data()
-    size = max(1, min(MAX_BLOCK_ASSETS, -(-todo.num_rows // (workers * TASKS_PER_WORKER))))
-    blocks = [todo.slice(lo, size) for lo in range(0, todo.num_rows, size)]
-    dataset = ray.data.from_arrow(blocks).map_batches(
-        derive_batch, batch_format="pyarrow", batch_size=None, fn_kwargs={"descriptor": descriptor},
-        compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1, max_retries=TASK_RETRIES)
+    group = placement_group([{"CPU": 1}] * workers)
+    pending: list = []
     try:
-        for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+        if not group.wait(GROUP_TIMEOUT_S):
+            raise AssetPipelineError(f"the Ray cluster did not free {workers} CPUs for the workers within "
+                                     f"{GROUP_TIMEOUT_S:.0f} s: ask for fewer --workers, or wait for its other jobs")
+        task = _derive_task().options(scheduling_strategy=PlacementGroupSchedulingStrategy(group))
+        lows = itertools.accumulate(block_sizes(todo.num_rows, workers), initial=0)
+        pending = [task.remote(todo.slice(lo, hi - lo), descriptor) for lo, hi in itertools.pairwise(lows)]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            batch = ray.get(done[0])
             if on_assets:
                 on_assets(batch.num_rows)
             yield batch
     except ray.exceptions.RayError as exc:  # a task failed past its retries: nothing is written, nothing is lost
         raise AssetPipelineError(f"a Ray task failed {TASK_RETRIES + 1} times ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0]}); nothing was written: run it again") from exc
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
+        remove_placement_group(group)
+
+
+@functools.cache
+def _derive_task():
+    """`derive_batch` as a Ray task of one CPU, run again when its worker dies."""
+    import ray
+
+    return ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(derive_batch)
 
 
 def run_derivation(source: AssetSource, data_dir: Path, record: AssetRecord, workers: int,

@@ -1,8 +1,10 @@
-"""`featurectl assets process` on a real local Ray: features equal trimesh's own, incremental runs, failures, a
-Ray worker SIGKILLed mid-run, materialization read back by Feast."""
+"""`featurectl assets process` on a real local Ray: features equal trimesh's own and the in-process loop's,
+incremental runs, failures, a Ray worker SIGKILLed mid-run, materialization read back by Feast; `bench assets`
+runs every side."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -67,6 +69,48 @@ def test_features_equal_trimesh_figures_on_the_same_files(repo: Path):
     assert set(MESH_FEATURES) <= set(env.offline_rows(repo).column_names)
 
 
+def _inventory_todo(repo: Path):
+    from batch.assets.inventory import take_inventory
+    from batch.assets.state import AssetRecord
+    from common.config import load_config
+    from dsl import load_repo
+
+    source = load_repo(repo).view("asset_geometry").source
+    data_dir = load_config(repo).data_dir
+    return source, take_inventory(source, data_dir, AssetRecord.load(data_dir, source.name)).todo
+
+
+def test_ray_blocks_give_the_rows_of_one_in_process_call(repo: Path):
+    from batch.assets.derive import derive_batch
+    from batch.assets.pipeline import derive_assets
+
+    source, todo = _inventory_todo(repo)
+    (repo.parent / "data/assets/asset_000004.obj").write_text("v 0 0 0\nf 1 1 1 broken\n")
+    blocks = list(derive_assets(todo, source.embedding, 2))
+    assert len(blocks) > 2 and "failed" in pa.concat_tables(blocks).column("status").to_pylist()
+    assert pa.concat_tables(blocks).sort_by("asset_id").equals(derive_batch(todo, source.embedding).sort_by("asset_id"))
+
+
+def test_block_sizes_cover_every_asset_once_and_shrink_towards_the_end():
+    from batch.assets.pipeline import MAX_BLOCK_ASSETS, MIN_BLOCK_ASSETS, block_sizes
+
+    for n, workers in ((1, 1), (3, 2), (24, 2), (1600, 1), (1600, 2), (5000, 16)):
+        sizes = block_sizes(n, workers)
+        assert sum(sizes) == n and all(0 < s <= MAX_BLOCK_ASSETS for s in sizes)
+        assert sizes == sorted(sizes, reverse=True) and all(s >= MIN_BLOCK_ASSETS for s in sizes[:-1])
+    assert block_sizes(1600, 2)[0] == MAX_BLOCK_ASSETS and block_sizes(1600, 2)[-1] < MAX_BLOCK_ASSETS // 4
+
+
+def test_more_workers_than_the_cluster_has_fail_in_one_line_and_free_the_cluster(repo: Path, monkeypatch):
+    from batch.assets import pipeline
+
+    source, todo = _inventory_todo(repo)
+    monkeypatch.setattr(pipeline, "GROUP_TIMEOUT_S", 1.0)
+    with pytest.raises(pipeline.AssetPipelineError, match="did not free 3 CPUs"):
+        list(pipeline.derive_assets(todo, source.embedding, 3))
+    assert sum(b.num_rows for b in pipeline.derive_assets(todo, source.embedding, 2)) == N_ASSETS
+
+
 def test_d2_ignores_pose_and_scale_and_tells_shapes_apart():
     from batch.assets.mesh_features import d2_descriptor
     from dsl import ShapeDescriptor
@@ -125,7 +169,7 @@ def _kill_first_busy_worker(killed: list, stop: threading.Event) -> None:
 
     while not stop.is_set():
         for process in psutil.process_iter(["pid", "cmdline"]):
-            if any("MapBatches(derive_batch)" in part for part in process.info["cmdline"] or ()):
+            if any("ray::derive_batch" in part for part in process.info["cmdline"] or ()):
                 os.kill(process.info["pid"], signal.SIGKILL)
                 killed.append(process.info["pid"])
                 return
@@ -206,3 +250,13 @@ def test_generation_on_the_cpu_writes_meshes_and_their_features(repo: Path):
         assert derived["surface_area"] == pytest.approx(mesh.area) and len(derived["shape_d2"]) == 64
     listing = pq.read_table(repo.parent / "data/assets/assets.parquet")
     assert listing.num_rows == N_ASSETS + 2 and listing.column("category").to_pylist()[-2:] == ["generated"] * 2
+
+
+def test_assets_benchmark_line_counts_every_side():
+    done = featurectl("bench", "assets", "--assets", "24", "--rounds", "1", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["bench"] == "assets" and set(line["ours"]) == {"assets_per_s", "ray1_assets_per_s"}
+    rounds = line["params"]["rounds"]
+    assert set(rounds) == {"loop", "ray1", "ray2"}
+    assert all(len(rates) == 1 and rates[0] > 0 for rates in rounds.values())

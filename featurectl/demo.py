@@ -11,6 +11,7 @@ import click
 GEOMETRY_VIEW = "asset_geometry"  # the example repo's view of mesh features and the D2 embedding
 SIMILAR = 5
 SIMILAR_TO = "asset_000000"
+ASSETS_SINCE = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)  # before any asset version a demo writes
 
 
 def _step(title: str) -> None:
@@ -30,7 +31,7 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds:
     """Start the services, generate data, plan and apply the example repo, derive asset meshes on Ray and search
     them by shape, run a batch tile query, backfill and materialize, stream live events and watch online values
     change, generate a mesh conditioned on an asset's features and find the assets nearest its shape."""
-    from featurectl import asset_commands, datagen, repo_commands, services, similar_commands
+    from featurectl import asset_commands, datagen, materialize_commands, repo_commands, services, similar_commands
 
     ctx = click_ctx.obj
     _step("services")
@@ -44,12 +45,16 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds:
     _step(f"assets: {meshes} meshes derived on Ray (trimesh measures, D2 shape embedding) into Redis and Milvus")
     click_ctx.invoke(datagen.assets, n=meshes, out=None, seed=7)
     click_ctx.invoke(asset_commands.process, source_name=None, address=None, workers=2, materialize=True)
+    # `process` materializes only what it derived: a re-run with unchanged meshes after Redis lost its data (a
+    # restart without persistence) would search an empty view, so the demo materializes every asset version
+    click_ctx.invoke(materialize_commands.materialize, start=ASSETS_SINCE, end=dt.datetime.now(dt.timezone.utc),
+                     views=(GEOMETRY_VIEW,))
     _step(f"search: the {SIMILAR} assets most similar in shape to {SIMILAR_TO}")
     click_ctx.invoke(similar_commands.similar, entity_id=SIMILAR_TO, k=SIMILAR, view_name=None)
     _step("batch: tiles of asset_activity from the Parquet history (Flink batch mode)")
     _show_tiles(ctx.config())
     _step("backfill the offline feature tables, materialize the latest values into Redis")
-    from featurectl import batch_commands, materialize_commands
+    from featurectl import batch_commands
 
     end = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     first = end - dt.timedelta(days=days)

@@ -27,6 +27,8 @@ from common.config import S3Settings
 from common.errors import FeaturectlError
 
 S3_JAR_GLOB = "flink-s3-fs-hadoop-*.jar"
+# the schemes of object stores, whose paths are keys in a bucket, by the scheme OpenLineage names them with
+OBJECT_STORE_SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs"}
 
 
 class StorageError(FeaturectlError):
@@ -74,6 +76,21 @@ class Storage:
     @property
     def is_local(self) -> bool:
         return self.scheme == "file"
+
+    @property
+    def lineage_id(self) -> tuple[str, str]:
+        """(namespace, name) of this folder as an OpenLineage dataset, by its naming spec
+        (https://openlineage.io/docs/spec/naming), so that other producers' events about the same data meet ours:
+        `file` and the path for this host's disk (`file://{host}` for another's); `s3://{bucket}` and the object
+        key (an `s3a://` URI names the same bucket); for other filesystems `{scheme}://{authority}` and the path
+        (`hdfs://{namenode}:{port}`)."""
+        parsed = urlparse(self.uri)
+        if parsed.scheme == "file":
+            host = parsed.netloc if parsed.netloc not in ("", "localhost") else ""
+            return (f"file://{host}" if host else "file"), unquote(parsed.path).rstrip("/") or "/"
+        if parsed.scheme in OBJECT_STORE_SCHEMES:
+            return f"{OBJECT_STORE_SCHEMES[parsed.scheme]}://{parsed.netloc}", parsed.path.strip("/")
+        return f"{parsed.scheme}://{parsed.netloc}", parsed.path.rstrip("/") or "/"
 
     def located(self):
         """(pyarrow filesystem, path in it) of this folder."""

@@ -8,8 +8,9 @@ text: `featurectl stream` runs it on the topic, `featurectl backfill` on the his
 reads its views. Both are Feast "definition" jobs, which its UI draws as edges from dataset to dataset (a
 "transform" job would be a node of its own, and Feast's layout puts those after the views). Datasets carry Feast's
 facets naming the registered objects (the source's KafkaSource and `_history` FileSource, the view, the service);
-names follow OpenLineage's conventions (`kafka://host:port` and the topic, `file` and the absolute path), so that
-other producers' events about the same topic meet them. Run ids are derived from the names: one run per definition.
+names follow OpenLineage's naming spec (`kafka://host:port` and the topic; for a history, the namespace and name
+of its storage: `file` and the absolute path, `s3://bucket` and the key, see `Storage.lineage_id`), so that other
+producers' events about the same topic or files meet them. Run ids are derived from the names: one run per definition.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ def _definition_run(namespace: str, job: str, facets: dict, inputs: list[dict], 
 def _source_datasets(source: EventSource, settings: SourceSettings) -> list[dict]:
     """The source's Kafka topic (when it has one) and its Parquet history."""
     schema = {"fields": [{"name": name, "type": kind.flink_sql} for name, kind in source.schema.items()]}
-    history = source_location(source, settings.data_dir).display
-    datasets = [{"namespace": "file", "name": history,
+    location = source_location(source, settings.data_dir)
+    history = location.display
+    namespace, name = location.lineage_id
+    datasets = [{"namespace": namespace, "name": name,
                  "facets": {"schema": schema, "feast_dataSource": {
                      "name": history_source_name(source), "source_type": "FileSource", "path": history,
                      "timestamp_field": source.timestamp_field, "description": f"Parquet history of {source.name}"}}}]

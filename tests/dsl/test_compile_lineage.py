@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common.storage import Storage
 from dsl import Aggregation, Entity, EventSource, FeatureView, Repository, String, Timestamp
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_lineage import lineage_events
@@ -71,3 +72,21 @@ def test_a_source_without_a_topic_is_read_from_its_history_alone():
     view = FeatureView("orders_1h", shop, source, features=[Aggregation("count", windows=["1h"])])
     [job] = lineage_events("shop", Repository.of([view]), [compile_view(view, SETTINGS)], SETTINGS, WHEN)
     assert _ids(job["inputs"]) == [("file", "/lake/orders")]
+
+
+def test_a_history_in_object_storage_is_named_by_its_bucket_and_key():
+    """OpenLineage names S3 data `s3://{bucket}` and the object key (not `file`); an `s3a://` URI is the same
+    bucket; an HDFS path is named by its namenode."""
+    shop = Entity("shop", join_keys={"shop_id": String})
+    columns = {"shop_id": String, "ts": Timestamp}
+    settings = SourceSettings("broker-1:9092", Storage("s3://lake/data/"))
+    sources = [EventSource("orders", columns, timestamp_field="ts", path="orders"),
+               EventSource("refunds", columns, timestamp_field="ts", path="s3a://archive/refunds/"),
+               EventSource("visits", columns, timestamp_field="ts", path="hdfs://namenode:8020/lake/visits"),
+               EventSource("carts", columns, timestamp_field="ts", path="/lake/carts")]
+    views = [FeatureView(f"{s.name}_1h", shop, s, features=[Aggregation("count", windows=["1h"])]) for s in sources]
+    jobs = lineage_events("shop", Repository.of(views), [compile_view(v, settings) for v in views], settings, WHEN)
+    assert [_ids(job["inputs"]) for job in jobs] == [[("s3://lake", "data/orders")], [("s3://archive", "refunds")],
+                                                     [("hdfs://namenode:8020", "/lake/visits")],
+                                                     [("file", "/lake/carts")]]
+    assert jobs[0]["inputs"][0]["facets"]["feast_dataSource"]["path"] == "s3://lake/data/orders"

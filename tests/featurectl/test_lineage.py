@@ -8,7 +8,8 @@ import re
 from cli_helpers import copy_example_repo
 
 
-def _record(repo):
+def _record(repo, data=None):
+    """Record the repo's lineage, its data in `data` (a `Storage`; default: its data folder)."""
     from feast import FeatureStore
 
     from common.config import load_config
@@ -17,7 +18,7 @@ def _record(repo):
     from featurectl.lineage import record_lineage
 
     cfg = load_config(repo)
-    settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_dir)
+    settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, data or cfg.data_dir)
     store = FeatureStore(config=cfg.feast_repo_config())
     return store, record_lineage(store, compile_repo(cfg.repo_path, settings), settings)
 
@@ -69,3 +70,20 @@ def test_nothing_is_recorded_when_the_repo_turns_the_consumer_off(tmp_path):
     settings.write_text(settings.read_text().replace("enabled: true", "enabled: false"))
     _, namespace = _record(repo)
     assert namespace is None and not registry.exists()
+
+
+def test_histories_in_s3_are_recorded_by_bucket_and_key(tmp_path):
+    """With the data in S3 (`platform.data_storage`), Feast's consumer holds each history as OpenLineage names S3
+    data, `s3://bucket` and the key, not as a `file`; a re-apply with the data back on disk drops those."""
+    from common.storage import Storage
+
+    registry = tmp_path / "registry.db"
+    repo = copy_example_repo(tmp_path, "lineage_s3", {"path": f"sqlite:///{registry}"}, data_dir=tmp_path / "data")
+    _record(repo, Storage("s3://lake/shop"))
+    edges, datasets = _graph(registry)
+    assert ("s3://lake", "shop/asset_catalog", "asset_attributes") in edges
+    assert not any(namespace == "file" for namespace, _ in datasets)
+    _record(repo)
+    edges, datasets = _graph(registry)
+    assert ("file", str(tmp_path / "data" / "asset_catalog"), "asset_attributes") in edges
+    assert not any(namespace.startswith("s3://") for namespace, _ in datasets)

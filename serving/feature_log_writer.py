@@ -12,9 +12,9 @@ or died). After each step it reports on stdout, cumulatively: the rows taken off
 counts rows until then), the rows held in Arrow, and per service the rows written and failed, files and bytes.
 Files are named by worker, writer and sequence and appear whole, by rename.
 
-Run as `python -m serving.feature_log_writer SETTINGS_JSON TOKEN`. It ignores SIGINT and SIGTERM, which a terminal
-or a service manager sends to the whole process group: it stops when its worker closes stdin, after the last
-write.
+Run as `python -m serving.feature_log_writer SETTINGS_JSON TOKEN`. It runs at idle priority (SCHED_IDLE). It
+ignores SIGINT and SIGTERM, which a terminal or a service manager sends to the whole process group: it stops when
+its worker closes stdin, after the last write.
 """
 
 from __future__ import annotations
@@ -284,10 +284,20 @@ def run(writer: LogWriter, source: int) -> None:
     writer.step(final=True)
 
 
+def _yield_to_the_server() -> None:
+    """Run only on CPU time the server leaves idle (Linux's SCHED_IDLE; elsewhere the lowest nice): logging must
+    never slow a request, and on a busy host the bounded queue drops and counts rows instead."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 def main() -> None:
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s %(process)d: %(message)s")
+    _yield_to_the_server()
     settings, token = json.loads(sys.argv[1]), sys.argv[2]
     reports = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print goes to the log, not into the reports

@@ -234,7 +234,8 @@ def bench_mesh(config: str, device: torch.device, dtype: torch.dtype, ids: torch
     except MeshError as exc:
         return {"error": str(exc)}
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = {p.suffix[1:]: p.stat().st_size for p in (mesh.export(Path(tmp) / f"object.{s}") for s in ("glb", "obj"))}
+        files = (mesh.export(Path(tmp) / f"object.{s}") for s in ("glb", "obj"))
+        sizes = {p.suffix[1:]: p.stat().st_size for p in files}
     st = mesh.stages
     out = {"resolution": resolution, "grid_points": (2 ** resolution + 1) ** 3, "vertices": len(mesh.vertices),
            "faces": len(mesh.faces), "file_bytes": sizes, "stages_s": {k: round(v, 4) for k, v in st.items()},
@@ -289,13 +290,19 @@ def _ours_and_peer(v01: dict, v05: dict | None, mesh: dict | None) -> tuple[dict
             "achieved_gbps": v01["bytes_per_step"] / (v01["eager_kv_tpot_ms"] * 1e-3) / 1e9}
     if v05:
         peer["v05_tokens_1024_s"] = (v05["eager_kv_prefill_ms"] + (v05["tokens"] - 1) * v05["eager_kv_tpot_ms"]) / 1e3
-    rnd = lambda d: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items() if v is not None}  # noqa: E731
-    return rnd(ours), rnd(peer)
+    ours, peer = ({k: v for k, v in side.items() if v is not None} for side in (ours, peer))
+    return _rounded(ours), _rounded(peer)
+
+
+def _rounded(d: dict) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
 
 def _params(device: torch.device, v01: dict, v05: dict | None, mesh: dict | None, copy_gbps: float | None,
             errors: dict[str, str]) -> dict[str, Any]:
-    strip = lambda d: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items() if k != "ids"}  # noqa: E731
+    def strip(d: dict) -> dict:
+        return _rounded({k: v for k, v in d.items() if k != "ids"})
+
     p: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "weights": "random (std 0.02)",
                          "guidance": "batch 2 per prompt (cond + uncond)", "v01": strip(v01)}
     if v05:

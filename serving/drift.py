@@ -5,9 +5,10 @@ entity rows (`rows_per_second`) lasts, where the stride is last second's rows ov
 spreads over the second rather than taking its first requests. A one-row answer is kept as its Redis replies
 (a tuple of references, nothing decoded); a larger one as the response already built. Once a second a background
 task takes the list, gathers the values of each profiled feature across the responses (in slices, handing the
-event loop back between them), then per feature decodes the kept replies' values in one call, puts the values in
-the profile's bins in one numpy call and keeps the bins of the last `window` values served (a ring buffer with
-running counts), handing the event loop back between features. At scrape time each feature's PSI against its profile is a sum over about ten bins.
+event loop back between them), then per feature decodes the kept replies' values in one call, puts the values in the
+profile's bins in one numpy call and keeps the bins of the last `window` values served (a ring buffer with running
+counts), handing the event loop back between features. At scrape time each feature's PSI against its profile is a sum
+over about ten bins.
 
 Profiles are the latest backfill's of each view (`common.quality_log`), read from the registry database at start
 and every `refresh_s` on a worker thread; when a newer backfill brings new bins, that feature's window starts

@@ -34,8 +34,9 @@ LITE_FILE = "vectors.db"
 INSERT_ROWS = 1000
 SEAL_TIMEOUT_S = 600.0
 # HNSW's parameters when the config gives none, measured by hand on the local server on 100,000 clustered vectors
-# of dim 128 (README, "Vector features and search"): recall@10 0.91 at ef 16, 0.98 at 32, 0.998 at 64. Isotropic Gaussian vectors of
-# dim 128 are HNSW's worst case (0.49 at ef 64, 0.78 at 256): data like that wants a larger ef, or FLAT.
+# of dim 128 (README, "Vector features and search"): recall@10 0.91 at ef 16, 0.98 at 32, 0.998 at 64. Isotropic
+# Gaussian vectors of dim 128 are HNSW's worst case (0.49 at ef 64, 0.78 at 256): data like that wants a larger ef,
+# or FLAT.
 HNSW_BUILD = {"M": 16, "efConstruction": 200}
 HNSW_SEARCH = {"ef": 64}
 

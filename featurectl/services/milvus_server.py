@@ -1,12 +1,13 @@
 """Local Milvus server: the vector index on a real server (HNSW), for `platform.vectors.uri` on one machine.
 
 The `milvus` package (PyPI) carries a full Milvus 2.3 standalone (embedded etcd, RocksMQ, local storage) as one
-compressed binary; we unpack it once per package version into the user's cache (no download), write its config
-under `<state_dir>/milvus/` and run it detached like the other services, through a link in that folder (our marker). It takes `platform.vectors.local_port` for its gRPC and REST API and the 11 ports after it for
-its inner services (etcd, coordinators, nodes, health). Milvus 2.3 listens on every interface for those gRPC ports
-(only etcd takes an address): keep the host behind a firewall, or use a managed Milvus for anything shared.
-Rows still in a growing segment are searched by brute force (the interim index, whose fixed nprobe costs recall,
-is off); `VectorIndex.seal` flushes after a bulk load so the rows get the HNSW index.
+compressed binary; we unpack it once per package version into the user's cache (no download), write its config under
+`<state_dir>/milvus/` and run it detached like the other services, through a link in that folder (our marker). It takes
+`platform.vectors.local_port` for its gRPC and REST API and the 11 ports after it for its inner services (etcd,
+coordinators, nodes, health). Milvus 2.3 listens on every interface for those gRPC ports (only etcd takes an address):
+keep the host behind a firewall, or use a managed Milvus for anything shared. Rows still in a growing segment are
+searched by brute force (the interim index, whose fixed nprobe costs recall, is off); `VectorIndex.seal` flushes after a
+bulk load so the rows get the HNSW index.
 """
 
 from __future__ import annotations

@@ -155,7 +155,8 @@ def test_an_arrow_answer_is_logged_as_its_json_twin(served):
     while not rows and time.monotonic() < deadline:
         time.sleep(0.2)
         if (repo.parent / "data" / "feature_logs" / "logged_ranking").exists():
-            rows = [row for row in log_table(repo, "logged_ranking").to_pylist() if row["__request_id"] == "arrow-logged"]
+            rows = [row for row in log_table(repo, "logged_ranking").to_pylist()
+                    if row["__request_id"] == "arrow-logged"]
     assert [{k: row[k] for k in want} for row, want in zip(rows, expected)] == expected
 
 

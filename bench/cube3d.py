@@ -323,6 +323,70 @@ def _params(device: torch.device, v01: dict, v05: dict | None, mesh: dict | None
     return p
 
 
+def step_kernels(events: list[dict], marker: str = "FillFunctor") -> dict[str, Any]:
+    """One decode step's kernels from a chrome trace (torch.profiler over graph replays): the step's span (first
+    start to last end), busy time (union of kernel intervals), kernel count, and per kernel (name, grid) its count
+    and mean time per step, largest first; means over the steps, which `marker` kernels (the position fill before
+    each replay) separate."""
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    steps: list[list[dict]] = [[]]
+    for e in kernels:
+        if marker in e["name"]:
+            steps.append([])
+        else:
+            steps[-1].append(e)
+    steps = [s for s in steps if s]
+    if not steps:
+        raise ValueError(f"no kernels between `{marker}` kernels in the trace: was a graph replayed?")
+    spans, busy, groups = [], [], {}
+    for step in steps:
+        spans.append(max(e["ts"] + e["dur"] for e in step) - step[0]["ts"])
+        covered, end = 0.0, float("-inf")
+        for e in step:                                   # sorted by start: union of the intervals
+            lo, hi = max(e["ts"], end), e["ts"] + e["dur"]
+            covered += max(0.0, hi - lo)
+            end = max(end, hi)
+        busy.append(covered)
+        for e in step:
+            key = (e["name"].split("(")[0][:60], tuple(e.get("args", {}).get("grid", ())))
+            groups.setdefault(key, []).append(e["dur"])
+    n = len(steps)
+    rows = [{"kernel": name, "grid": list(grid), "per_step": round(len(d) / n, 2),
+             "us_each": round(statistics.mean(d), 2), "us_per_step": round(sum(d) / n, 1)}
+            for (name, grid), d in groups.items()]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return {"steps": n, "kernels_per_step": round(sum(map(len, steps)) / n, 1),
+            "span_us": round(statistics.median(spans), 1), "busy_us": round(statistics.median(busy), 1),
+            "kernels": rows}
+
+
+def profile_steps(config: str, device: torch.device, dtype: torch.dtype, position: int,
+                  replays: int = 20) -> dict[str, Any]:
+    """Where a fast-path decode step's time goes: its kernels in the CUDA graph with PDL on (as it runs: the
+    kernels overlap, the span counts) and off (each kernel's own time, no overlap), one prompt with guidance."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from inference.engine import Engine
+
+    engine = Engine(config, None, device, dtype, mode="fast", init_std=0.02)
+    cond, uncond = prompts(engine, 1)
+    _, st, _ = timed_generate(engine, cond, uncond, engine.cfg.n_generated, 3)
+    out: dict[str, Any] = {"config": config, "position": position, "tpot_ms": round(st.tpot_ms, 4)}
+    for pdl in (True, False):
+        engine.launch.pdl = pdl
+        engine.set_mode("fast")
+        engine.time_step(position, repeats=3)                       # capture and warm the graph
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.time_step(position, repeats=replays)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+        out["pdl_on" if pdl else "pdl_off"] = step_kernels(events)
+        out[f"step_ms_pdl_{'on' if pdl else 'off'}"] = round(1e3 * engine.time_step(position, repeats=21), 4)
+    return out
+
+
 def _section(name: str, errors: dict[str, str], fn, *args):
     try:
         return fn(*args)
@@ -344,10 +408,12 @@ def _section(name: str, errors: dict[str, str], fn, *args):
 @click.option("--no-results", is_flag=True, help="do not write bench/results/ (GPU runs write it by default)")
 @click.option("--fp8", "fp8", is_flag=True, help="also measure the weight-only FP8 decode mode (TPOT and its error "
               "against the unquantized weights: random full-size weights and the tests' tiny reference)")
+@click.option("--profile", "profile_at", type=int, default=None, help="GPU: only profile one decode step at this "
+              "position (kernels in the CUDA graph, PDL on and off) and print that as JSON")
 @click.option("--tune", is_flag=True, help="GPU: choose kernel launch parameters by whole-step timings on this card "
               "first (inference.tuning), and use them in this run")
 def command(device: str, config: str, tokens: int | None, batch: int, resolution: int | None, quick: bool,
-            out: Path | None, no_results: bool, fp8: bool, tune: bool) -> None:
+            out: Path | None, no_results: bool, fp8: bool, tune: bool, profile_at: int | None) -> None:
     """Cube 3D decode: fast path vs eager (+KV) vs no-cache, batched throughput, mesh stages."""
     from bench._report import emit
 
@@ -358,6 +424,12 @@ def command(device: str, config: str, tokens: int | None, batch: int, resolution
     config = ("all" if gpu else "tiny") if config == "auto" else config
     dtype = torch.bfloat16 if gpu else torch.float32
     resolution = resolution or (8 if gpu else 4)
+    if profile_at is not None:
+        result = profile_steps("tiny" if config == "tiny" else "v0.1", dev, dtype, profile_at)
+        text = json.dumps(result, indent=1)
+        out.write_text(text) if out is not None else None
+        click.echo(text)
+        return
     errors: dict[str, str] = {}
     copy = _section("copy_bandwidth", errors, copy_bandwidth_gbps, dev) if gpu else None
     first = "tiny" if config == "tiny" else "v0.1"

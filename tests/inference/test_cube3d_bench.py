@@ -22,3 +22,22 @@ def test_cpu_tiny_benchmark_line(tmp_path):
     assert {"tpot_ms", "tokens_512_s", "batch8_objects_per_s"} <= set(line["ratio"])
     assert line["params"]["mesh"]["faces"] > 0 and "errors" not in line["params"]
     assert json.loads(out.read_text()) == line
+
+
+def test_step_kernels_splits_steps_at_the_fill_and_overlaps_count_once():
+    from bench.cube3d import step_kernels
+
+    def kernel(name, ts, dur, grid=(1, 1, 1)):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": list(grid)}}
+
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>>(int)"
+    events = [kernel(fill, 0, 1), kernel("_gemv_kernel", 10, 5, (144, 3, 1)), kernel("_attn", 13, 4),
+              kernel("_gemv_kernel", 20, 3, (48, 6, 1)), {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 9},
+              kernel(fill, 100, 1), kernel("_gemv_kernel", 110, 7, (144, 3, 1)), kernel("_attn", 120, 2),
+              kernel("_gemv_kernel", 125, 5, (48, 6, 1))]
+    r = step_kernels(events)
+    assert r["steps"] == 2 and r["kernels_per_step"] == 3
+    assert r["span_us"] == (13 + 20) / 2             # 10..23 and 110..130
+    assert r["busy_us"] == (10 + 14) / 2             # 10..17 + 20..23 (overlap once); 110..117 + 120..122 + 125..130
+    qkv = r["kernels"][0]
+    assert (qkv["kernel"], qkv["grid"], qkv["per_step"], qkv["us_each"]) == ("_gemv_kernel", [144, 3, 1], 1, 6)

@@ -325,9 +325,10 @@ def _params(device: torch.device, v01: dict, v05: dict | None, mesh: dict | None
 
 def step_kernels(events: list[dict], marker: str = "FillFunctor") -> dict[str, Any]:
     """One decode step's kernels from a chrome trace (torch.profiler over graph replays): the step's span (first
-    start to last end), busy time (union of kernel intervals), kernel count, and per kernel (name, grid) its count
-    and mean time per step, largest first; means over the steps, which `marker` kernels (the position fill before
-    each replay) separate."""
+    start to last end), busy time (union of kernel intervals), kernel count, and per kernel (name, grid) its count,
+    mean time and `us_added`: how far it moved the step's end (its end past every earlier kernel's end), which
+    under PDL, where kernels start early and wait, says what it costs the chain; largest first; means over the
+    steps, which `marker` kernels (the position fill before each replay) separate."""
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     steps: list[list[dict]] = [[]]
     for e in kernels:
@@ -347,14 +348,18 @@ def step_kernels(events: list[dict], marker: str = "FillFunctor") -> dict[str, A
             covered += max(0.0, hi - lo)
             end = max(end, hi)
         busy.append(covered)
+        last_end = step[0]["ts"]
         for e in step:
             key = (e["name"].split("(")[0][:60], tuple(e.get("args", {}).get("grid", ())))
-            groups.setdefault(key, []).append(e["dur"])
+            added = max(0.0, e["ts"] + e["dur"] - last_end)
+            last_end += added
+            groups.setdefault(key, []).append((e["dur"], added))
     n = len(steps)
     rows = [{"kernel": name, "grid": list(grid), "per_step": round(len(d) / n, 2),
-             "us_each": round(statistics.mean(d), 2), "us_per_step": round(sum(d) / n, 1)}
+             "us_each": round(statistics.mean(t for t, _ in d), 2), "us_per_step": round(sum(t for t, _ in d) / n, 1),
+             "us_added": round(sum(a for _, a in d) / n, 1)}
             for (name, grid), d in groups.items()]
-    rows.sort(key=lambda r: -r["us_per_step"])
+    rows.sort(key=lambda r: -r["us_added"])
     return {"steps": n, "kernels_per_step": round(sum(map(len, steps)) / n, 1),
             "span_us": round(statistics.median(spans), 1), "busy_us": round(statistics.median(busy), 1),
             "kernels": rows}

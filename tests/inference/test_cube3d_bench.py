@@ -39,5 +39,9 @@ def test_step_kernels_splits_steps_at_the_fill_and_overlaps_count_once():
     assert r["steps"] == 2 and r["kernels_per_step"] == 3
     assert r["span_us"] == (13 + 20) / 2             # 10..23 and 110..130
     assert r["busy_us"] == (10 + 14) / 2             # 10..17 + 20..23 (overlap once); 110..117 + 120..122 + 125..130
-    qkv = r["kernels"][0]
-    assert (qkv["kernel"], qkv["grid"], qkv["per_step"], qkv["us_each"]) == ("_gemv_kernel", [144, 3, 1], 1, 6)
+    qkv = next(k for k in r["kernels"] if k["grid"] == [144, 3, 1])
+    assert (qkv["kernel"], qkv["per_step"], qkv["us_each"]) == ("_gemv_kernel", 1, 6)
+    # the end moved: step 1 10..15 (+5), 17 (+2), 23 (+6); step 2 110..117 (+7), 122 (+5), 130 (+8)
+    assert {k["grid"][0]: k["us_added"] for k in r["kernels"] if k["grid"][0] != 1} == {144: 6, 48: 7}
+    assert next(k["us_added"] for k in r["kernels"] if k["kernel"] == "_attn") == 3.5
+    assert sum(k["us_added"] for k in r["kernels"]) == r["span_us"]

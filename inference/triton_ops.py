@@ -489,17 +489,18 @@ def split_plan(rows_heads: int, cache_len: int, sms: int, block_n: int, waves: i
 # (epilogue, N, K, rows <= 2 ? 2 : 16) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, splits), or None where cuBLAS
 # was faster. Measured on an H200 with `featurectl bench cube3d --tune` (see docs/cube3d.md).
 H200_GEMV: dict[tuple[int, int, int, int], tuple[int, int, int, int, int] | None] = {
-    (2, 6144, 1536, 2): (32, 128, 4, 4, 1), (2, 6144, 1536, 16): (64, 256, 4, 3, 1),        # gate/up + SwiGLU
+    (2, 6144, 1536, 2): (32, 64, 4, 6, 1), (2, 6144, 1536, 16): (64, 128, 8, 3, 1),          # gate/up + SwiGLU
     (0, 16384, 1536, 2): (64, 128, 4, 3, 1), (0, 16384, 1536, 16): (64, 128, 4, 3, 1),      # lm_head
     (3, 4608, 1536, 2): (32, 128, 4, 3, 3), (3, 4608, 1536, 16): (32, 128, 4, 3, 2),        # q/k/v
-    (3, 1536, 1536, 2): (32, 128, 4, 3, 6), (3, 1536, 1536, 16): (32, 256, 4, 3, 2),        # attention output
-    (3, 1536, 6144, 2): (32, 256, 4, 4, 4), (3, 1536, 6144, 16): (32, 256, 4, 4, 4),        # MLP down
+    (3, 1536, 1536, 2): (16, 256, 4, 3, 3), (3, 1536, 1536, 16): (32, 256, 4, 3, 2),        # attention output
+    (3, 1536, 6144, 2): (32, 256, 4, 3, 4), (3, 1536, 6144, 16): (32, 256, 4, 4, 4),        # MLP down
 }
 
 
 # rows <= 2 ? 2 : 16 -> (BLOCK_N, num_warps, num_stages, waves of programs over the chip); measured on an H200
-# (one prompt: 64 keys a block, each split one block loaded before the PDL wait: 10 splits over the dual layers)
-H200_ATTN: dict[int, tuple[int, int, int, int]] = {2: (64, 4, 2, 4), 16: (64, 4, 3, 8)}
+# (one prompt: 64 keys a block, each split one block loaded before the PDL wait: 10 splits over the dual layers;
+# 2 warps a program: 3% off the step against 4, 2026-12-02)
+H200_ATTN: dict[int, tuple[int, int, int, int]] = {2: (64, 2, 2, 4), 16: (64, 4, 3, 8)}
 ATTN_DEFAULT = (32, 4, 2, 4)
 
 

@@ -143,3 +143,33 @@ def test_every_mode_takes_any_valid_shape_with_the_eager_ids(vocab, width, heads
         engine.set_mode(mode)
         assert torch.equal(engine.generate(cond, uncond), eager), mode
         assert torch.equal(engine.generate(cond[:1], uncond), eager[:1]), mode
+
+
+def _h200_gemv_entries() -> list:
+    from inference.triton_ops import H200_GEMV
+
+    return sorted(key for key, cfg in H200_GEMV.items() if cfg is not None)
+
+
+@needs_cuda
+@torch.no_grad()
+@pytest.mark.parametrize("key", _h200_gemv_entries())
+def test_every_h200_gemv_table_entry_computes_the_product_in_float32(key):
+    from inference.ops import TorchOps
+    from inference.triton_ops import H200_GEMV, PARTIAL, SWIGLU, TritonOps
+
+    epilogue, n, k, rows = key
+    gen = torch.Generator(device="cuda").manual_seed(n + k + rows)
+    x = torch.randn(rows, k, device="cuda", generator=gen)
+    w = torch.randn(2 * n if epilogue == SWIGLU else n, k, device="cuda", generator=gen) / k ** 0.5
+    b = torch.randn(w.shape[0], device="cuda", generator=gen)
+    fast, ref = TritonOps(), TorchOps()
+    if epilogue == SWIGLU:
+        got, want = fast.linear_swiglu(x, w, b), ref.linear_swiglu(x, w, b)
+    elif epilogue == PARTIAL:
+        parts = fast.linear_parts(x, w)
+        assert parts.shape[0] == H200_GEMV[key][4], "the Triton kernel ran, with the table's K splits"
+        got, want = parts.sum(0), ref.linear_parts(x, w).sum(0)
+    else:
+        got, want = fast.linear(x, w), torch.nn.functional.linear(x, w)
+    assert ((got - want).norm() / want.norm()).item() < 1e-5

@@ -5,20 +5,20 @@ reading, writing, moving, deleting) work on the same filesystem."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pyarrow as pa
 import pytest
 import yaml
 
-from cli_helpers import free_port, sibling
+from cli_helpers import featurectl, free_port, sibling
 from common.config import load_config
-from common.storage import Storage, StorageError
+from common.storage import HDFS_CLIENT_JAR_GLOBS, Storage, StorageError
 
 history = sibling("backfill_history", "batch")
 shared = sibling("test_shared_storage", "reliability")
 
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,7 @@ def on_hdfs(repo, hdfs: tuple, prefix: str) -> str:
     return project
 
 
+@pytest.mark.integration
 def test_backfill_from_history_in_hdfs_to_an_offline_table_in_hdfs_is_exact_and_materializes(hdfs, tmp_path):
     """History, exported tiles and offline tables all in HDFS: the backfill is exact, nothing of it lands in the
     local data folder or stays in the shared folder, and `materialize` reads the table from HDFS into Redis."""
@@ -56,6 +57,7 @@ def test_backfill_from_history_in_hdfs_to_an_offline_table_in_hdfs_is_exact_and_
     assert not data.exists() and not data.parent.files()
 
 
+@pytest.mark.integration
 def test_files_written_moved_and_deleted_in_hdfs(hdfs, tmp_path):
     """Storage's operations on hdfs://: a written Parquet file is listed with its time and read back, a move
     makes the target's folders, a delete removes the folder and what it holds, and a missing folder is empty."""
@@ -77,3 +79,37 @@ def test_files_written_moved_and_deleted_in_hdfs(hdfs, tmp_path):
     unreachable = Storage(f"{uri}/x", None, None)
     with pytest.raises(StorageError, match="platform.hdfs.webhdfs"):
         unreachable.files()
+
+
+def test_missing_hdfs_jars_say_run_setup(tmp_path):
+    """Without the jars `scripts/setup.sh` fetches, `up --hdfs` and a Flink job on hdfs:// name the folder and
+    the fix (an install error, not a skip)."""
+    empty = tmp_path / "jars"
+    (empty / "flink-fs").mkdir(parents=True)
+    repo = sibling("test_services", "featurectl").scratch_repo(tmp_path)
+    raw = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    raw["platform"]["hdfs"] = {"local_port": free_port(), "local_http_port": free_port()}
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(raw))
+    done = featurectl("--repo", str(repo), "services", "up", "--only", "hdfs",
+                      env={**os.environ, "FEATURECTL_JARS": str(empty)})
+    assert done.returncode != 0
+    assert f"no hadoop-hdfs-*-tests.jar in {empty / 'hdfs'}: run scripts/setup.sh" in done.stderr
+    storage = Storage("hdfs://127.0.0.1:1/x")
+    with pytest.raises(StorageError, match="hadoop-client-api-.*run scripts/setup.sh"):
+        storage.jvm_environment(empty / "flink-fs")
+    for glob in HDFS_CLIENT_JAR_GLOBS:
+        (empty / "flink-fs" / glob.replace("*", "1.0")).touch()
+    assert storage.jvm_environment(empty / "flink-fs") == {"HADOOP_CLASSPATH": ":".join(
+        str(empty / "flink-fs" / glob.replace("*", "1.0")) for glob in HDFS_CLIENT_JAR_GLOBS)}
+
+
+def test_up_starts_the_local_hdfs_when_the_data_is_on_it(tmp_path):
+    from featurectl.services import wanted_services
+
+    repo = sibling("test_services", "featurectl").scratch_repo(tmp_path)
+    raw = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    for host, started in (("127.0.0.1", True), ("localhost", True), ("namenode.example", False)):
+        raw["platform"]["data_storage"] = f"hdfs://{host}:19870/data"
+        (repo / "feature_store.yaml").write_text(yaml.safe_dump(raw))
+        names = [svc.name for svc in wanted_services(load_config(repo), None, False)]
+        assert ("hdfs" in names) == started, (host, names)

@@ -149,6 +149,20 @@ class S3Settings(BaseModel):
     local_port: int = Field(19000, description="port of the S3 server `featurectl services up --s3` starts")
 
 
+class HdfsSettings(BaseModel):
+    """How featurectl reaches `hdfs://` storage. Flink opens `hdfs://namenode:port/...` itself (Hadoop's client);
+    featurectl lists, reads, writes and deletes through the NameNode's WebHDFS (HTTP), which needs no native
+    library. Both act as the user Hadoop's client takes: HADOOP_USER_NAME, else the login name."""
+
+    model_config = ConfigDict(extra="forbid")
+    webhdfs: Optional[str] = Field(None, description="http(s)://host:port of the NameNode's WebHDFS "
+                                                     "(dfs.namenode.http-address); None: featurectl cannot open "
+                                                     "hdfs:// storage")
+    local_port: int = Field(19870, description="NameNode RPC port of the HDFS `featurectl services up --hdfs` "
+                                               "starts (hdfs://127.0.0.1:PORT)")
+    local_http_port: int = Field(19871, description="its NameNode's HTTP (WebHDFS) port")
+
+
 class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state_dir: str = "../.featurectl"
@@ -164,6 +178,7 @@ class PlatformSettings(BaseModel):
                           "hdfs://..., file:///mnt/shared) that the TaskManagers and every host running featurectl "
                           "reach. Feature logs, asset files and the history `POST /push` appends to stay in data_dir")
     s3: S3Settings = S3Settings()
+    hdfs: HdfsSettings = HdfsSettings()
     kafka: KafkaSettings = KafkaSettings()
     postgres: PostgresSettings = PostgresSettings()
     flink: FlinkSettings = FlinkSettings()
@@ -204,8 +219,8 @@ class ProjectConfig:
         if where is None:
             return None
         if "://" not in where:
-            return Storage.local((self.repo_path / where).resolve(), self.platform.s3)
-        return Storage(where, self.platform.s3)
+            return Storage.local((self.repo_path / where).resolve(), self.platform.s3, self.platform.hdfs)
+        return Storage(where, self.platform.s3, self.platform.hdfs)
 
     @property
     def data_storage(self):
@@ -215,11 +230,11 @@ class ProjectConfig:
 
         where = self.platform.data_storage
         if where is None:
-            return Storage.local(self.data_dir)
+            return Storage.local(self.data_dir, self.platform.s3, self.platform.hdfs)
         if "://" not in where:
             raise ConfigError(f"platform.data_storage {where!r} is not a URI: give a Flink filesystem URI such as "
                               "s3://bucket/prefix, or leave it out and set platform.data_dir to the folder")
-        return Storage(where, self.platform.s3)
+        return Storage(where, self.platform.s3, self.platform.hdfs)
 
     def local_data_dir(self, what: str) -> Path:
         """The data folder for `what`, which writes the histories or offline tables as local files; refused when

@@ -10,6 +10,9 @@ one machine a local folder does; when TaskManagers run on other hosts it must be
 jar folder) in the JVM that runs the job: for PyFlink's local mini-cluster, `jvm_environment` puts it on the
 gateway's class path with a Hadoop `core-site.xml` naming the endpoint; a standalone cluster loads it as a
 plugin (`featurectl services up --flink N` does that for its own cluster; see the README for others).
+
+`hdfs://` is Flink's own Hadoop filesystem, which needs Hadoop's client jars (also in `flink-fs`) on the same
+class path; featurectl's side goes through the NameNode's WebHDFS (`common.webhdfs`, `platform.hdfs.webhdfs`).
 """
 
 from __future__ import annotations
@@ -17,16 +20,20 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 from urllib.parse import quote, unquote, urlparse
 from xml.sax.saxutils import escape
 
-from common.config import S3Settings
+from common.config import HdfsSettings, S3Settings
 from common.errors import FeaturectlError
 
 S3_JAR_GLOB = "flink-s3-fs-hadoop-*.jar"
+# Hadoop's client, what Flink's `hdfs://` filesystem loads
+HDFS_CLIENT_JAR_GLOBS = ("hadoop-client-api-*.jar", "hadoop-client-runtime-*.jar", "commons-logging-*.jar")
+# the schemes of filesystems with real folders (deleted at once, with what they hold; made by a call)
+FOLDER_SCHEMES = {"file", "hdfs"}
 # the schemes of object stores, whose paths are keys in a bucket, by the scheme OpenLineage names them with
 OBJECT_STORE_SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs"}
 
@@ -37,14 +44,16 @@ class StorageError(FeaturectlError):
 
 @dataclass(frozen=True)
 class Storage:
-    """A folder of shared storage. `uri`: what Flink is given; `s3`: the endpoint an `s3://` URI goes to."""
+    """A folder of shared storage. `uri`: what Flink is given; `s3`: the endpoint an `s3://` URI goes to; `hdfs`:
+    the WebHDFS address featurectl reaches an `hdfs://` URI's NameNode by."""
 
     uri: str
     s3: Optional[S3Settings] = None
+    hdfs: Optional[HdfsSettings] = None
 
     @classmethod
-    def local(cls, folder: Path, s3: Optional[S3Settings] = None) -> "Storage":
-        return cls(folder.resolve().as_uri(), s3)
+    def local(cls, folder: Path, s3: Optional[S3Settings] = None, hdfs: Optional[HdfsSettings] = None) -> "Storage":
+        return cls(folder.resolve().as_uri(), s3, hdfs)
 
     @property
     def scheme(self) -> str:
@@ -53,11 +62,11 @@ class Storage:
     def child(self, *parts: str) -> "Storage":
         """A folder under this one (names quoted as a `file://` URI needs)."""
         named = [quote(part) for part in parts] if self.is_local else list(parts)
-        return Storage("/".join([self.uri.rstrip("/"), *named]), self.s3)
+        return replace(self, uri="/".join([self.uri.rstrip("/"), *named]))
 
     @property
     def parent(self) -> "Storage":
-        return Storage(self.uri.rstrip("/").rsplit("/", 1)[0], self.s3)
+        return replace(self, uri=self.uri.rstrip("/").rsplit("/", 1)[0])
 
     @property
     def name(self) -> str:
@@ -106,16 +115,26 @@ class Storage:
                 endpoint = urlparse(s3.endpoint)
                 options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme or "https")
             return fs.S3FileSystem(**options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+        if parsed.scheme == "hdfs":
+            from common.webhdfs import webhdfs_filesystem
+
+            if self.hdfs is None or not self.hdfs.webhdfs:
+                raise StorageError(f"shared storage {self.uri}: featurectl reaches HDFS through its NameNode's "
+                                   "WebHDFS, and platform.hdfs.webhdfs is unset: set it to http://host:port of "
+                                   "the NameNode's HTTP address (dfs.namenode.http-address)")
+            return webhdfs_filesystem(self.hdfs.webhdfs), parsed.path.rstrip("/") or "/"
         try:
             return fs.FileSystem.from_uri(self.uri)
         except (OSError, ValueError) as exc:
             raise StorageError(f"shared storage {self.uri}: pyarrow cannot open it ({exc}); use a folder, file://, "
-                               "s3:// or hdfs:// (with Hadoop's client libraries installed)") from None
+                               "s3:// or hdfs://") from None
 
     def _call(self, what: str, call):
+        from requests import RequestException  # WebHDFS's errors (common.webhdfs)
+
         try:
             return call(*self.located())
-        except OSError as exc:
+        except (OSError, RequestException) as exc:
             raise StorageError(f"{'folder' if self.is_local else 'shared storage'} {self.display}: {what} failed: "
                                f"{exc}") from None
 
@@ -149,27 +168,33 @@ class Storage:
         return bool(self.files())
 
     def make(self) -> None:
-        """Make a local folder; object stores have no folders to make (a marker object could even read as a
-        file to Flink's S3 filesystem)."""
+        """Make the folder where folders exist; object stores have none to make (a marker object could even
+        read as a file to Flink's S3 filesystem)."""
         if self.scheme == "file":
             Path(self.display).mkdir(parents=True, exist_ok=True)
+        elif self.scheme in FOLDER_SCHEMES:
+            self._call("making the folder", lambda filesystem, path: filesystem.create_dir(path))
 
     def delete(self) -> None:
-        """Remove every file under the folder, one request each (nothing there is fine). Not a bulk delete:
-        S3-compatible servers answer S3's multi-object delete slowly or not at all, and the folders written here
-        hold a few files each; an object store's folders go with their last file."""
-        files = self.files()
+        """Remove the folder with everything under it (nothing there is fine). In an object store, every file
+        under it, one request each, not a bulk delete: S3-compatible servers answer S3's multi-object delete
+        slowly or not at all, and the folders written here hold a few files each; its folders go with their
+        last file."""
+        from pyarrow import fs
 
         def remove(filesystem, path):
+            if self.scheme in FOLDER_SCHEMES:
+                if filesystem.get_file_info(path).type != fs.FileType.NotFound:
+                    filesystem.delete_dir(path)
+                return
             for relative in files:
                 try:
                     filesystem.delete_file(f"{path}/{relative}")
                 except FileNotFoundError:  # gone already, or a server's stand-in for an empty folder
                     pass
-            if self.scheme == "file":
-                filesystem.delete_dir(path)
 
-        if files or self.scheme == "file" and Path(self.display).exists():
+        files = [] if self.scheme in FOLDER_SCHEMES else self.files()
+        if files or self.scheme in FOLDER_SCHEMES:
             self._call("deleting", remove)
 
     def readable_files(self) -> list[str]:
@@ -220,7 +245,15 @@ class Storage:
     def jvm_environment(self, jars: Path) -> dict[str, str]:
         """Environment the PyFlink gateway JVM needs to open this storage: nothing for a local folder; for S3,
         Flink's S3 filesystem on the class path and a Hadoop configuration naming the endpoint (credentials
-        stay in the environment, where the JVM's default AWS credential chain reads them)."""
+        stay in the environment, where the JVM's default AWS credential chain reads them); for HDFS, Hadoop's
+        client on the class path (the URI names the NameNode)."""
+        if self.scheme == "hdfs":
+            found = [sorted(jars.glob(glob)) for glob in HDFS_CLIENT_JAR_GLOBS]
+            missing = [glob for glob, jar in zip(HDFS_CLIENT_JAR_GLOBS, found) if not jar]
+            if missing:
+                raise StorageError(f"shared storage {self.uri} needs Hadoop's client jars in {jars}, and "
+                                   f"{', '.join(missing)} is not there: run scripts/setup.sh")
+            return {"HADOOP_CLASSPATH": ":".join(str(jar[-1]) for jar in found)}
         if self.scheme not in ("s3", "s3a"):
             return {}
         found = sorted(jars.glob(S3_JAR_GLOB))

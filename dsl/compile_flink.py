@@ -141,9 +141,9 @@ def source_location(source: EventSource, data_dir: Path | Storage) -> Storage:
     path = source.path or source.name
     data = as_storage(data_dir)
     if "://" in path:
-        return Storage(path, data.s3)
+        return Storage(path, data.s3, data.hdfs)
     if Path(path).is_absolute():
-        return Storage.local(Path(path), data.s3)
+        return Storage.local(Path(path), data.s3, data.hdfs)
     return data.child(*Path(path).parts)
 
 

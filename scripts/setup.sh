@@ -93,6 +93,7 @@ fetch_jars kafka
 fetch_jars flink
 fetch_jars flink-fs
 fetch_jars s3proxy
+fetch_jars hdfs
 
 # --- our UDF jar ---------------------------------------------------------------------------------------------
 if [[ -x "$root/scripts/build_udf.sh" ]]; then

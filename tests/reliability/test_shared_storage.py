@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
@@ -45,20 +46,30 @@ def s3(tmp_path_factory):
     env = pytest.MonkeyPatch()
     for name, value in {**KEYS, **BOTOCORE_CHECKSUMS}.items():
         env.setenv(name, value)
-    folder = tmp_path_factory.mktemp("shared_storage")
-    repo = sibling("test_services", "featurectl").scratch_repo(folder)
     port = free_port()
     platform = {"s3": {"endpoint": f"http://127.0.0.1:{port}", "local_port": port, "path_style_access": True}}
+    try:
+        with storage_service(tmp_path_factory.mktemp("shared_storage"), "s3", platform,
+                             f"s3://{BUCKET}/services") as repo:
+            yield platform, load_config(repo).state_dir / "s3" / "data" / BUCKET
+    finally:
+        env.undo()
+
+
+@contextmanager
+def storage_service(folder, service: str, platform: dict, shared_storage: str):
+    """A scratch repo in `folder` with these `platform` settings and shared storage, whose `service` runs (started
+    by `featurectl services up --only`) while the context lasts; yields the repo's folder."""
+    repo = sibling("test_services", "featurectl").scratch_repo(folder)
     raw = yaml.safe_load((repo / "feature_store.yaml").read_text())
-    raw["platform"].update(platform, shared_storage=f"s3://{BUCKET}/services")
+    raw["platform"].update(platform, shared_storage=shared_storage)
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(raw))
-    up = featurectl("--repo", str(repo), "services", "up", "--only", "s3")
+    up = featurectl("--repo", str(repo), "services", "up", "--only", service)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        yield platform, load_config(repo).state_dir / "s3" / "data" / BUCKET
+        yield repo
     finally:
         down = featurectl("--repo", str(repo), "services", "down")
-        env.undo()
         assert down.returncode == 0, down.stdout + down.stderr
 
 
@@ -91,8 +102,18 @@ def test_backfill_from_history_in_s3_to_an_offline_table_in_s3_is_exact_and_mate
     raw["platform"]["data_storage"] = f"s3://{BUCKET}/data"
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(raw))
     data = load_config(repo).data_storage
-    events = history.write_history(load_repo(ROOT / "feature_repo"), tmp_path / "upload")
-    upload(tmp_path / "upload", data)
+    backfill_exactly(repo, data, tmp_path / "upload")
+    assert not stored_files(s3[1] / "backfill"), "the backfill's tiles were left in S3"
+    assert not (tmp_path / "data").exists(), "the backfill wrote to the local data folder"
+    assert_materializes(repo, data, project)
+    assert_feast_reads_the_same(repo, data)
+
+
+def backfill_exactly(repo, data, scratch) -> None:
+    """Put the example's history into the data storage (written in `scratch` first), apply the repo and backfill
+    the history's span: every offline table exact against the oracle."""
+    events = history.write_history(load_repo(ROOT / "feature_repo"), scratch)
+    upload(scratch, data)
     start, end = history.utc(history.T0_MS), history.utc(history.T1_MS)
     for args in (("apply",), ("backfill", "--start", start.isoformat(), "--end", end.isoformat())):
         done = featurectl("--repo", str(repo), *args, timeout=600)
@@ -101,9 +122,12 @@ def test_backfill_from_history_in_s3_to_an_offline_table_in_s3_is_exact_and_mate
         if view.offline:
             backfill_rows.assert_rows_match_oracle(view, backfill_rows.read_offline(data, view),
                                                    events[view.source.name], history.T0_MS, history.T1_MS)
-    assert not stored_files(s3[1] / "backfill"), "the backfill's tiles were left in S3"
-    assert not (tmp_path / "data").exists(), "the backfill wrote to the local data folder"
 
+
+def assert_materializes(repo, data, project: str) -> None:
+    """`materialize` of the history's span puts each entity's latest row of asset_activity's offline table
+    (read from `data`) into Redis."""
+    start, end = history.utc(history.T0_MS), history.utc(history.T1_MS)
     view = load_repo(repo).view("asset_activity")
     done = featurectl("--repo", str(repo), "materialize", start.isoformat(), end.isoformat(), "--view", view.name)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -115,7 +139,6 @@ def test_backfill_from_history_in_s3_to_an_offline_table_in_s3_is_exact_and_mate
             {name: expected[i][name] for name in view.output_schema()} for i in ids]
     finally:
         materialized.cleanup(client, project)
-    assert_feast_reads_the_same(repo, data)
 
 
 def assert_feast_reads_the_same(repo, data) -> None:

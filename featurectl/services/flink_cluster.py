@@ -117,13 +117,20 @@ class FlinkProcess(LocalService):
             (folder / "s3-fs-hadoop" / jars[-1].name).symlink_to(jars[-1])
         return folder
 
+    def _hadoop_client(self) -> dict[str, str]:
+        """`HADOOP_CLASSPATH` naming Hadoop's client jars when the shared or data storage is on HDFS: Flink's
+        launch scripts put it on the JobManager's and TaskManagers' class path, where `hdfs://` is opened."""
+        storages = (self.cfg.shared_storage, self.cfg.data_storage)
+        on_hdfs = next((s for s in storages if s is not None and s.scheme == "hdfs"), None)
+        return {} if on_hdfs is None else on_hdfs.jvm_environment(jar_dir("flink-fs"))
+
     def start(self) -> subprocess.Popen:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "tmp").mkdir(exist_ok=True)
         (self.conf_dir / "config.yaml").write_text(yaml.safe_dump(self.settings(), sort_keys=True))
         (self.conf_dir / "log4j-console.properties").write_text(LOG4J)
         env = {**os.environ, "FLINK_CONF_DIR": str(self.conf_dir), "FLINK_LOG_DIR": str(self.dir),
-               "FLINK_PID_DIR": str(self.dir), "FLINK_PLUGINS_DIR": str(self._plugins())}
+               "FLINK_PID_DIR": str(self.dir), "FLINK_PLUGINS_DIR": str(self._plugins()), **self._hadoop_client()}
         argv = ["bash", str(flink_home() / "bin" / self.script), "start-foreground",
                 "-D", self.marker, *self.arguments()]
         return spawn(argv, self.log_file, self.pid_file, env=env)

@@ -20,7 +20,6 @@ history = sibling("backfill_history", "batch")
 shared = sibling("test_shared_storage", "reliability")
 
 
-
 @pytest.fixture(scope="module")
 def hdfs(tmp_path_factory):
     """The HDFS of a scratch repo; yields the `platform` settings that reach it and its hdfs:// URI."""

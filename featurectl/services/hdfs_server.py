@@ -73,7 +73,8 @@ class HdfsServer(LocalService):
         self.data.mkdir(parents=True, exist_ok=True)
         settings = {**SETTINGS, "hdfs.minidfs.basedir": str(self.data)}
         # Jersey's JAXB (WebHDFS's answers) defines classes by reflection, which Java 17 allows only when opened
-        argv = ["java", "-Xmx512m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp", str(jar_dir("hdfs") / "*"), MAIN,
+        argv = ["java", "-Xmx512m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp", str(jar_dir("hdfs") / "*"),
+                MAIN,
                 "-nnport", str(self.ports[0]), "-httpport", str(self.ports[1]), "-datanodes", "1",
                 *(["-format"] if fresh else []),
                 *(arg for key, value in settings.items() for arg in ("-D", f"{key}={value}"))]

@@ -20,7 +20,7 @@ from common.config import ProjectConfig
 from common.flink import jar_dir
 from common.flink_rest import FlinkRest, FlinkRestError
 from common.storage import S3_JAR_GLOB, s3_flink_options
-from featurectl.services.process import HOST, LocalService, LocalServiceError, spawn
+from featurectl.services.process import HOST, LocalService, LocalServiceError, require_java, spawn
 
 JOBMANAGER = "flink-jobmanager"
 TASKMANAGER = "flink-taskmanager-"
@@ -79,8 +79,7 @@ class FlinkProcess(LocalService):
         if not (flink_home() / "bin" / self.script).is_file():
             raise LocalServiceError(f"{flink_home() / 'bin' / self.script} is missing: reinstall apache-flink "
                                     "(scripts/setup.sh)")
-        if shutil.which("java") is None:
-            raise LocalServiceError("java not found on PATH: run scripts/setup.sh (Flink needs Java 17)")
+        require_java("Flink needs Java 17")
 
     def settings(self) -> dict[str, Any]:
         """Our keys over the distribution's (which hold the JVM options Java 17 needs)."""

@@ -11,13 +11,12 @@ formatted on the first start and kept across restarts.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import urllib.error
 import urllib.request
 
 from common.flink import jar_dir
-from featurectl.services.process import HOST, LocalService, LocalServiceError, spawn
+from featurectl.services.process import HOST, LocalService, LocalServiceError, require_java, spawn
 
 SERVER_JAR_GLOB = "hadoop-hdfs-*-tests.jar"
 MAIN = "org.apache.hadoop.test.MiniDFSClusterManager"
@@ -63,8 +62,7 @@ class HdfsServer(LocalService):
         return f"http://{HOST}:{self.ports[1]}"
 
     def check_installed(self) -> None:
-        if shutil.which("java") is None:
-            raise LocalServiceError("java not found on PATH: run scripts/setup.sh (HDFS needs Java 17)")
+        require_java("HDFS needs Java 17")
         if not list(jar_dir("hdfs").glob(SERVER_JAR_GLOB)):
             raise LocalServiceError(f"no {SERVER_JAR_GLOB} in {jar_dir('hdfs')}: run scripts/setup.sh")
 

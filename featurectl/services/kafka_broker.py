@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import base64
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 from common.flink import jar_dir
-from featurectl.services.process import HOST, LocalService, LocalServiceError, port_open, spawn
+from featurectl.services.process import HOST, LocalService, LocalServiceError, port_open, require_java, spawn
 
 JAVA_OPTS = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true"]
 
@@ -62,8 +61,7 @@ class KafkaBroker(LocalService):
         folder = jar_dir("kafka")
         if not any(folder.glob("kafka_2.13-*.jar")):
             raise LocalServiceError(f"Kafka jars missing in {folder}: run scripts/setup.sh")
-        if shutil.which("java") is None:
-            raise LocalServiceError("java not found on PATH: run scripts/setup.sh (Kafka needs Java 17 or newer)")
+        require_java("Kafka needs Java 17 or newer")
 
     def server_properties(self) -> str:
         broker, controller = self.ports

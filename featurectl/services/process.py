@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,6 +63,12 @@ def port_open(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+def require_java(needs: str) -> None:
+    """Refuse to start a JVM service when there is no `java` (`needs`: which Java the service needs)."""
+    if shutil.which("java") is None:
+        raise LocalServiceError(f"java not found on PATH: run scripts/setup.sh ({needs})")
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

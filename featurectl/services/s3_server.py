@@ -9,12 +9,11 @@ bucket that `platform.shared_storage` names is made.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from urllib.parse import urlparse
 
 from common.flink import jar_dir
-from featurectl.services.process import LocalService, LocalServiceError, spawn
+from featurectl.services.process import LocalService, LocalServiceError, require_java, spawn
 
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
@@ -36,8 +35,7 @@ class S3Server(LocalService):
         return [self.cfg.platform.s3.local_port]
 
     def check_installed(self) -> None:
-        if shutil.which("java") is None:
-            raise LocalServiceError("java not found on PATH: run scripts/setup.sh (S3Proxy needs Java 17)")
+        require_java("S3Proxy needs Java 17")
         if not list(jar_dir("s3proxy").glob("s3proxy-*.jar")):
             raise LocalServiceError(f"no S3Proxy jar in {jar_dir('s3proxy')}: run scripts/setup.sh")
         missing = [name for name in CREDENTIALS if not os.environ.get(name)]

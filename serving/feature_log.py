@@ -70,27 +70,23 @@ class _WriterProcess:
         self.unsent = bytearray()
         self.keys: dict[LogSpec, int] = {}  # the services it was told about, and their key in its messages
         self.sent: dict[str, int] = {}  # rows per service
-        self.sent_rows = 0
         self.taken = 0  # rows it has parsed (its last report)
-        self.buffered = 0
         self.counts: dict[str, tuple[int, int, int, int]] = {}  # written, failed, files, bytes per service
         self._reports = FrameReader()
 
     def send(self, queued: list[Queued]) -> None:
         """Frame a batch of answers (preceded by the services the writer does not know yet)."""
         by_spec: dict[int, int] = {}  # id(spec) -> key, for this batch: a spec is hashed once per batch
-        answers, rows_by_key = [], {}
+        answers, rows_by_service = [], {}
         for spec, answer, rows, request_id, log_us in queued:
             key = by_spec.get(id(spec))
             if key is None:
                 key = by_spec[id(spec)] = self._key(spec)
             answers.append((key, answer, rows, request_id, log_us))
-            rows_by_key[spec.service] = rows_by_key.get(spec.service, 0) + rows
-        rows = sum(rows_by_key.values())
-        self.unsent += frame(("answers", rows, answers))
-        for service, count in rows_by_key.items():
+            rows_by_service[spec.service] = rows_by_service.get(spec.service, 0) + rows
+        self.unsent += frame(("answers", sum(rows_by_service.values()), answers))
+        for service, count in rows_by_service.items():
             self.sent[service] = self.sent.get(service, 0) + count
-        self.sent_rows += rows
 
     def _key(self, spec: LogSpec) -> int:
         key = self.keys.get(spec)
@@ -259,7 +255,7 @@ class FeatureLogger:
         with self._lock:
             self._open_rows -= taken - writer.taken
             self.stats.log_queued = self._open_rows
-        writer.taken, writer.buffered = taken, buffered
+        writer.taken = taken
         self.stats.log_buffered = buffered
 
     def _replaced(self, writer: _WriterProcess) -> Optional[_WriterProcess]:
@@ -282,7 +278,7 @@ class FeatureLogger:
             self.stats.log_counts(service).failed += sent - written - failed
             lost += sent - written - failed
         with self._lock:
-            self._open_rows -= writer.sent_rows - writer.taken
+            self._open_rows -= sum(writer.sent.values()) - writer.taken
             self.stats.log_queued = self._open_rows
         self.stats.log_buffered = 0
         logger.error("feature log writer process %d %s: %d logged rows not yet written are lost (counted as failed)",

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import http.client
 import json
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 from urllib.parse import urlsplit
+
+import pyarrow as pa
 
 from serving.arrow_ipc import arrow_request
 from serving.errors import ServingError
 from serving.media import ARROW_STREAM
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 PATH = "/get-online-features"
 _ARROW = ARROW_STREAM.decode()
@@ -69,8 +68,6 @@ class HttpClient:
             if kind != _ARROW:
                 raise ServingError(f"the server answered {kind or 'no content type'}, not Arrow: is it a featurectl "
                                    "server of this version?")
-            import pyarrow as pa
-
             return pa.ipc.open_stream(payload).read_all()
         return json.loads(payload)
 

@@ -100,14 +100,15 @@ def up(obj, postgres: Optional[bool], flink: int, s3: Optional[bool], hdfs: Opti
     wanted = wanted_services(cfg, only, postgres, flink, s3, milvus, hdfs)
     for svc in wanted:
         click.echo(svc.up())
-    if any(isinstance(svc, HdfsServer) for svc in wanted) and not uses_local_hdfs(cfg):
+    started = {svc.name: svc for svc in wanted}
+    if HdfsServer.name in started and not uses_local_hdfs(cfg):
         server = HdfsServer(cfg)
         click.echo(f"hdfs: keep data on it with `platform.shared_storage` or `data_storage: {server.uri}/FOLDER` "
                    f"and `platform.hdfs.webhdfs: {server.webhdfs}` in feature_store.yaml")
-    if any(svc.name == MilvusServer.name for svc in wanted) and not uses_local_milvus(cfg):
+    if MilvusServer.name in started and not uses_local_milvus(cfg):
         uri = local_milvus_uri(cfg.platform.vectors.local_port)
         click.echo(f"milvus: index vectors on it with `platform.vectors.uri: {uri}` in feature_store.yaml")
-    if any(svc.name == JOBMANAGER for svc in wanted):
+    if JOBMANAGER in started:
         click.echo(f"flink: jobs run on it with `--jobmanager 127.0.0.1:{cfg.platform.flink.local.rest_port}` "
                    "or `platform.flink.jobmanager` in feature_store.yaml")
 

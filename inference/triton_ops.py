@@ -48,7 +48,8 @@ def _wait_previous(PDL: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, part, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
+def _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, part, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                 LINES: tl.constexpr):
     # chunks part*CHUNKS .. of two byte ranges (each cut into CHUNK-byte chunks, the last one shorter), one bulk
     # L2 prefetch each (Hopper's cp.async.bulk.prefetch: a hint, nothing waits for it); a chunk per thread
     c = (part * CHUNKS + tl.arange(0, CHUNKS)).to(tl.int64)
@@ -57,9 +58,15 @@ def _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, part, CHUNK: tl.constexpr, CH
     off = tl.where(in_a, c, c - n_a) * CHUNK
     size = tl.minimum(tl.maximum(tl.where(in_a, a_bytes, b_bytes) - off, 0), CHUNK)
     addr = tl.where(in_a, a_addr, b_addr) + off
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, size.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    if LINES:                                       # one plain prefetch per 128-byte line instead
+        for i in tl.static_range(0, CHUNK, 128):
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.u64 p, $1, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l", [tl.where(i < size, addr + i, 0)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, size.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -87,13 +94,13 @@ def _layer_norm_row(x_ptr, p_ptr, b_ptr, h_ptr, row, M, D, S, eps, ADD: tl.const
 @triton.jit
 def _layer_norm_kernel(x_ptr, p_ptr, b_ptr, h_ptr, M, D, S, eps, a_addr, a_bytes, b_addr, b_bytes,
                        ADD: tl.constexpr, S_PAD: tl.constexpr, BLOCK: tl.constexpr, AHEAD: tl.constexpr,
-                       CHUNK: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr):
+                       CHUNK: tl.constexpr, CHUNKS: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr):
     # programs 0..M-1: one row each (`_layer_norm_row`). AHEAD: the programs after them pull the weights the
     # step reads next (two byte ranges at a_addr, b_addr) into L2 while this kernel and its neighbours, which
     # read no weights, run; they touch nothing the step writes, so they neither wait nor hold up the chain
     row = tl.program_id(0)
     if AHEAD and row >= M:
-        _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, row - M, CHUNK, CHUNKS)
+        _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, row - M, CHUNK, CHUNKS, LINES)
     else:
         _layer_norm_row(x_ptr, p_ptr, b_ptr, h_ptr, row, M, D, S, eps, ADD, S_PAD, BLOCK, PDL)
 
@@ -575,6 +582,7 @@ class Launch:
     # read no weights (Hopper's bulk prefetch; 0: off), in chunks of `l2_chunk` bytes, one per thread
     l2_ahead_mb: float = 0.0
     l2_chunk: int = 4096
+    l2_lines: bool = False
     pdl: bool = True  # programmatic dependent launch where the device supports it (compute capability >= 9)
 
     def gemv_config(self, epilogue: int, m: int, n: int, k: int,
@@ -649,7 +657,7 @@ class TritonOps:
                                       int(mib * (1 << 20)), self.launch.l2_chunk, LN_WARPS * 32)
         (a_addr, a_bytes), (b_addr, b_bytes) = ranges
         return dict(a_addr=a_addr, a_bytes=a_bytes, b_addr=b_addr, b_bytes=b_bytes, AHEAD=programs > 0,
-                    CHUNK=self.launch.l2_chunk, CHUNKS=LN_WARPS * 32, programs=programs)
+                    CHUNK=self.launch.l2_chunk, CHUNKS=LN_WARPS * 32, LINES=self.launch.l2_lines, programs=programs)
 
     def _layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float, ahead: Sequence[Tensor]) -> Tensor:
         h = torch.empty_like(x)

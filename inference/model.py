@@ -7,7 +7,7 @@ L shape tokens, D width, H heads, d head dim, V vocabulary.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -156,14 +156,12 @@ class LayerWeights(NamedTuple):
 
 class DecodeOps(Protocol):
     """The pieces of a decode step (`inference.ops.TorchOps` in PyTorch, `inference.triton_ops.TritonOps` fused).
-    `fuse_pick`: whether greedy steps pick the token inside the lm_head GEMM (`lm_head_pick`). `ahead`: the
-    matrices the step reads after a LayerNorm, in order (a hint: the fused path may pull them into L2 early)."""
+    `fuse_pick`: whether greedy steps pick the token inside the lm_head GEMM (`lm_head_pick`)."""
 
     fuse_pick: bool
 
-    def layer_norm(self, x: Tensor, eps: float, ahead: Sequence[Tensor] = ()) -> Tensor: ...
-    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float,
-                            ahead: Sequence[Tensor] = ()) -> Tensor: ...
+    def layer_norm(self, x: Tensor, eps: float) -> Tensor: ...
+    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor: ...
     def linear(self, x: Tensor, w: Tensor) -> Tensor: ...
     def linear_parts(self, x: Tensor, w: Tensor) -> Tensor: ...
     def linear_swiglu(self, h: Tensor, w: Tensor, b: Tensor) -> Tensor: ...
@@ -284,16 +282,13 @@ class Cube3DDecoder(nn.Module):
         """`decode_step` up to the final LayerNorm, [R, D]: the engine's fused greedy path applies the head itself."""
         eps, rows = self.cfg.eps, x.shape[0]
         x = x.clone()                                           # residual stream [R, D]
-        layers = self.decode_layers()
-        reads = [(lw.qkv_w, lw.proj_w) for lw in layers[1:]] + [(self.shape_head(),)]   # after each layer
-        h = ops.layer_norm(x, eps, ahead=(layers[0].qkv_w, layers[0].proj_w))
-        for lw, after in zip(layers, reads):
+        h = ops.layer_norm(x, eps)
+        for lw in self.decode_layers():
             qkv = ops.linear_parts(h, lw.qkv_w)                 # [S, R, 3D] split-K parts, bias added below
             a = ops.qkv_attention(qkv, lw, rows, self.rope_cos, self.rope_sin, pos, self.cfg.qk_norm_eps)  # [R, D]
-            h = ops.residual_layer_norm(x, ops.linear_parts(a, lw.proj_w), lw.proj_b, eps,  # x += a Wp^T + b
-                                        ahead=(lw.gu_w, lw.down_w))
+            h = ops.residual_layer_norm(x, ops.linear_parts(a, lw.proj_w), lw.proj_b, eps)     # x += a Wp^T + b
             act = ops.linear_swiglu(h, lw.gu_w, lw.gu_b)        # [R, F]
-            h = ops.residual_layer_norm(x, ops.linear_parts(act, lw.down_w), lw.down_b, eps, ahead=after)
+            h = ops.residual_layer_norm(x, ops.linear_parts(act, lw.down_w), lw.down_b, eps)
         return h
 
 

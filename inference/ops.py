@@ -6,8 +6,6 @@ in a CUDA graph as-is.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -34,12 +32,10 @@ class TorchOps:
     def _w(self, w: Tensor) -> Tensor:
         return w if self.fp8 is None else self.fp8.dense(w)
 
-    def layer_norm(self, x: Tensor, eps: float, ahead: Sequence[Tensor] = ()) -> Tensor:
-        """LayerNorm(x); `ahead` (the weights read next, a hint for the fused path) is not used here."""
+    def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         return layer_norm(x, eps)
 
-    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float,
-                            ahead: Sequence[Tensor] = ()) -> Tensor:
+    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor:
         """x += sum(parts) + bias in place (the residual stream; parts: [S, R, D]); returns LayerNorm(x)."""
         x.add_(parts.sum(0) + bias)
         return layer_norm(x, eps)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 import triton
@@ -36,7 +36,6 @@ from inference.fp8 import Fp8Weights
 from inference.model import LayerWeights
 
 INTERPRETER_SMS = 132  # Triton's CPU interpreter has no multiprocessors: plan as on an H100/H200
-LN_WARPS = 8           # the LayerNorm kernel's warps (its prefetching programs issue one chunk a thread)
 
 
 @triton.jit
@@ -48,31 +47,10 @@ def _wait_previous(PDL: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, part, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-                 LINES: tl.constexpr):
-    # chunks part*CHUNKS .. of two byte ranges (each cut into CHUNK-byte chunks, the last one shorter), one bulk
-    # L2 prefetch each (Hopper's cp.async.bulk.prefetch: a hint, nothing waits for it); a chunk per thread
-    c = (part * CHUNKS + tl.arange(0, CHUNKS)).to(tl.int64)
-    n_a = tl.cdiv(a_bytes, CHUNK)
-    in_a = c < n_a
-    off = tl.where(in_a, c, c - n_a) * CHUNK
-    size = tl.minimum(tl.maximum(tl.where(in_a, a_bytes, b_bytes) - off, 0), CHUNK)
-    addr = tl.where(in_a, a_addr, b_addr) + off
-    if LINES:                                       # one plain prefetch per 128-byte line instead
-        for i in tl.static_range(0, CHUNK, 128):
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.u64 p, $1, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l", [tl.where(i < size, addr + i, 0)], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, size.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _layer_norm_row(x_ptr, p_ptr, b_ptr, h_ptr, row, M, D, S, eps, ADD: tl.constexpr, S_PAD: tl.constexpr,
-                    BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # [x += sum_s parts[s] + b, in place]; h = LayerNorm(x) (no affine), float32 inside
+def _layer_norm_kernel(x_ptr, p_ptr, b_ptr, h_ptr, M, D, S, eps, ADD: tl.constexpr, S_PAD: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # one program per row: [x += sum_s parts[s] + b, in place]; h = LayerNorm(x) (no affine), float32 inside
+    row = tl.program_id(0)
     _wait_previous(PDL)
     offs = tl.arange(0, BLOCK)
     m = offs < D
@@ -89,20 +67,6 @@ def _layer_norm_row(x_ptr, p_ptr, b_ptr, h_ptr, row, M, D, S, eps, ADD: tl.const
     xc = tl.where(m, x - mean, 0.0)
     var = tl.sum(xc * xc, axis=0) / D
     tl.store(h_ptr + row * D + offs, (xc / tl.sqrt(var + eps)).to(h_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _layer_norm_kernel(x_ptr, p_ptr, b_ptr, h_ptr, M, D, S, eps, a_addr, a_bytes, b_addr, b_bytes,
-                       ADD: tl.constexpr, S_PAD: tl.constexpr, BLOCK: tl.constexpr, AHEAD: tl.constexpr,
-                       CHUNK: tl.constexpr, CHUNKS: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr):
-    # programs 0..M-1: one row each (`_layer_norm_row`). AHEAD: the programs after them pull the weights the
-    # step reads next (two byte ranges at a_addr, b_addr) into L2 while this kernel and its neighbours, which
-    # read no weights, run; they touch nothing the step writes, so they neither wait nor hold up the chain
-    row = tl.program_id(0)
-    if AHEAD and row >= M:
-        _prefetch_l2(a_addr, a_bytes, b_addr, b_bytes, row - M, CHUNK, CHUNKS, LINES)
-    else:
-        _layer_norm_row(x_ptr, p_ptr, b_ptr, h_ptr, row, M, D, S, eps, ADD, S_PAD, BLOCK, PDL)
 
 
 PLAIN, SWIGLU, PARTIAL = 0, 2, 3
@@ -503,22 +467,6 @@ def _pick_kernel(best_ptr, arg_ptr, wte_ptr, ids_ptr, x_ptr, pos_ptr, ticket_ptr
         tl.store(ticket_ptr, 0)
 
 
-def ahead_plan(ranges: Sequence[tuple[int, int]], budget: int, chunk: int,
-               chunks: int) -> tuple[tuple[tuple[int, int], tuple[int, int]], int]:
-    """The first two of `ranges` ((address, bytes), in the order the step reads them) cut to `budget` bytes in
-    all, each a multiple of 16 bytes (the bulk prefetch's unit), padded with empty ranges; and the programs that
-    prefetch them in chunks of `chunk` bytes, `chunks` a program."""
-    out = []
-    for addr, size in ranges[:2]:
-        size = min(size, budget) // 16 * 16
-        if size > 0:
-            out.append((addr, size))
-            budget -= size
-    n_chunks = sum(triton.cdiv(size, chunk) for _, size in out)
-    out += [(0, 0)] * (2 - len(out))
-    return (out[0], out[1]), triton.cdiv(n_chunks, chunks)
-
-
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -577,12 +525,6 @@ class Launch:
     # the guidance weight) and, in the one-prompt attention, the keys and values earlier steps wrote. False: the
     # same loads issued first after the wait, measured slower than both (more registers, the same wait)
     early_loads: bool = True
-    # each LayerNorm kernel pulls up to this many MiB of the weights the step reads next (the next q/k/v and
-    # output projection, or gate/up and down) into L2 from extra programs, while the chain runs kernels that
-    # read no weights (Hopper's bulk prefetch; 0: off), in chunks of `l2_chunk` bytes, one per thread
-    l2_ahead_mb: float = 0.0
-    l2_chunk: int = 4096
-    l2_lines: bool = False
     pdl: bool = True  # programmatic dependent launch where the device supports it (compute capability >= 9)
 
     def gemv_config(self, epilogue: int, m: int, n: int, k: int,
@@ -647,37 +589,21 @@ class TritonOps:
         ok = self.launch.pdl and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
         return dict(launch_pdl=True, PDL=True) if ok else dict(PDL=False)
 
-    def _ahead(self, device: torch.device, ahead: Sequence[Tensor]) -> dict:
-        """The LayerNorm kernel's prefetch arguments for `ahead` (the matrices the GEMVs read next) and how many
-        programs to add to its grid: none where the launch has it off or the device has no bulk prefetch."""
-        mib = self.launch.l2_ahead_mb
-        on = mib > 0 and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-        read = [self.fp8.get(w)[0] if self.fp8 is not None and self.fp8.get(w) is not None else w for w in ahead]
-        ranges, programs = ahead_plan([(w.data_ptr(), w.numel() * w.element_size()) for w in read] if on else [],
-                                      int(mib * (1 << 20)), self.launch.l2_chunk, LN_WARPS * 32)
-        (a_addr, a_bytes), (b_addr, b_bytes) = ranges
-        return dict(a_addr=a_addr, a_bytes=a_bytes, b_addr=b_addr, b_bytes=b_bytes, AHEAD=programs > 0,
-                    CHUNK=self.launch.l2_chunk, CHUNKS=LN_WARPS * 32, LINES=self.launch.l2_lines, programs=programs)
-
-    def _layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float, ahead: Sequence[Tensor]) -> Tensor:
+    def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         h = torch.empty_like(x)
         rows, d = x.shape
-        add = parts is not x
-        pf = self._ahead(x.device, ahead)
-        _layer_norm_kernel[(rows + pf.pop("programs"),)](
-            x, parts, bias, h, rows, d, parts.shape[0] if add else 0, eps, ADD=add,
-            S_PAD=triton.next_power_of_2(parts.shape[0]) if add else 1, BLOCK=triton.next_power_of_2(d),
-            num_warps=LN_WARPS, **pf, **self._pdl(x.device))
+        _layer_norm_kernel[(rows,)](x, x, x, h, rows, d, 0, eps, ADD=False, S_PAD=1,
+                                    BLOCK=triton.next_power_of_2(d), num_warps=8, **self._pdl(x.device))
         return h
 
-    def layer_norm(self, x: Tensor, eps: float, ahead: Sequence[Tensor] = ()) -> Tensor:
-        """LayerNorm(x); `ahead`: the weights the step reads next (pulled into L2 when `l2_ahead_mb` is set)."""
-        return self._layer_norm(x, x, x, eps, ahead)
-
-    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float,
-                            ahead: Sequence[Tensor] = ()) -> Tensor:
+    def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor:
         """x += sum(parts) + bias in place (parts: [S, R, D] split-K sums); returns LayerNorm(x)."""
-        return self._layer_norm(x, parts, bias, eps, ahead)
+        h = torch.empty_like(x)
+        rows, d = x.shape
+        _layer_norm_kernel[(rows,)](x, parts, bias, h, rows, d, parts.shape[0], eps, ADD=True,
+                                    S_PAD=triton.next_power_of_2(parts.shape[0]), BLOCK=triton.next_power_of_2(d),
+                                    num_warps=8, **self._pdl(x.device))
+        return h
 
     def _gemv(self, x: Tensor | AttnParts, w: Tensor, b: Tensor | None, n: int, epilogue: int):
         """Launch the skinny GEMM; None when the shape does not fit it (the caller falls back to cuBLAS)."""

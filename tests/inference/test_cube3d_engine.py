@@ -110,19 +110,11 @@ def test_fast_path_reproduces_the_reference_on_gpu(cube3d_data, tiny_reference):
         assert torch.equal(ids, tiny_reference["expected.greedy_cfg_ids"]), mode
 
 
-def _l2_ahead():
-    from inference.triton_ops import Launch
-
-    return Launch(l2_ahead_mb=64, l2_chunk=256)        # every next matrix, several prefetching programs
-
-
 @needs_cuda
 @torch.no_grad()
-@pytest.mark.parametrize("launch", [None, "l2_ahead"])
-def test_fast_step_matches_eager_step_with_real_head_dim(launch):
+def test_fast_step_matches_eager_step_with_real_head_dim():
     cfg = with_overrides(Cube3DConfig.from_name("tiny"), n_head=2, n_embd=256, text_tokens=77, n_generated=300)
-    engine = Engine(cfg, None, "cuda", torch.float32, mode="eager", batch_buckets=(1, 8), init_std=0.05,
-                    launch=_l2_ahead() if launch else None)
+    engine = Engine(cfg, None, "cuda", torch.float32, mode="eager", batch_buckets=(1, 8), init_std=0.05)
     cond, uncond = _prompts(engine, 8, seed=6)
     eager = engine.generate(cond, uncond)
     engine.set_mode("fast")

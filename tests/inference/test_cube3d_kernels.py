@@ -138,17 +138,3 @@ def test_triton_kernels_match_torch_ops_in_the_interpreter(script, done):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert done in proc.stdout
-
-
-def test_l2_ahead_plan_cuts_the_ranges_to_the_budget_in_16_byte_units():
-    from inference.triton_ops import ahead_plan
-
-    qkv, proj = (1 << 40, 14_155_776), (2 << 40, 4_718_592)
-    (a, b), programs = ahead_plan([qkv, proj], 64 << 20, 4096, 256)
-    assert (a, b) == (qkv, proj) and programs == 18                     # 3456 + 1152 chunks, 256 a program
-    (a, b), programs = ahead_plan([qkv, proj], 16 << 20, 4096, 256)
-    assert a == qkv and b == (proj[0], (16 << 20) - qkv[1]) and programs == 16
-    (a, b), programs = ahead_plan([(3 << 40, 1000), proj, qkv], 1 << 30, 256, 256)
-    assert a == (3 << 40, 992) and b == proj and programs == 73          # a third range is left out
-    assert ahead_plan([qkv], 8, 4096, 256) == (((0, 0), (0, 0)), 0)      # under 16 bytes: nothing to fetch
-    assert ahead_plan([], 64 << 20, 4096, 256) == (((0, 0), (0, 0)), 0)

@@ -221,8 +221,6 @@ class VectorIndex:
         Milvus Lite keeps no segments to seal."""
         if not self.on_server or not view.vector_features:
             return
-        from pymilvus import utility
-
         collection, _ = self._collection(view)
         client = self.client()
         client.flush(collection)
@@ -231,14 +229,19 @@ class VectorIndex:
         while True:
             described = [client.describe_index(collection, name) for name in indexes]
             if not any(map(_pending, described)):
-                served = utility.get_query_segment_info(collection, using=self._connection())
-                indexed = max(int(one.get("indexed_rows") or 0) for one in described)
-                if sum(segment.num_rows for segment in served if segment.indexID) >= indexed:
+                if self.served_indexed_rows(collection) >= max(int(one.get("indexed_rows") or 0) for one in described):
                     return
             if time.monotonic() > deadline:
                 raise VectorSearchError(f"Milvus at {self.location} does not serve `{collection}` through its "
                                         f"index {SEAL_TIMEOUT_S:.0f} s after its flush: see the server's log")
             time.sleep(0.2)
+
+    def served_indexed_rows(self, collection: str) -> int:
+        """Rows a server's query nodes serve from segments with a built index (the rest they scan)."""
+        from pymilvus import utility
+
+        served = utility.get_query_segment_info(collection, using=self._connection())
+        return sum(segment.num_rows for segment in served if segment.indexID)
 
     def _connection(self) -> str:
         """The alias of a pymilvus ORM connection to the server (segment information has no MilvusClient call)."""

@@ -39,6 +39,11 @@ SEAL_TIMEOUT_S = 600.0
 # or FLAT.
 HNSW_BUILD = {"M": 16, "efConstruction": 200}
 HNSW_SEARCH = {"ef": 64}
+# Sent with every search whatever level the collection was made with: Bounded reads what the query node holds unless
+# it lags more than Milvus's `common.gracefulTime` (5 s), so a search waits for no time tick. Measured on the local
+# server (1,000 HNSW searches each at load 10): Strong p50 200 ms (it waits for the next 200 ms time tick), Bounded
+# 1.7 ms, Eventually 1.8 ms.
+SEARCH_CONSISTENCY = "Bounded"
 
 
 class VectorSearchError(RequestError):
@@ -210,8 +215,8 @@ class VectorIndex:
                expression: str = "") -> list[tuple[str, float]]:
         """The `k` nearest (primary key, distance) of `vector` in `collection`'s `feature`, nearest first."""
         hits = self.client().search(collection_name=collection, data=[list(vector)], anns_field=feature, limit=k,
-                             filter=expression, output_fields=[],
-                             search_params={"metric_type": kind.metric, "params": self.search_params})
+                                    filter=expression, output_fields=[], consistency_level=SEARCH_CONSISTENCY,
+                                    search_params={"metric_type": kind.metric, "params": self.search_params})
         return [(hit["id"], float(hit["distance"])) for hit in hits[0]]
 
     def seal(self, view: FeatureView) -> None:

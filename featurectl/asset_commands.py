@@ -63,9 +63,9 @@ def _materialize(cfg, views, written: dict[str, tuple[int, int]]) -> None:
             continue
         start, end = (dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc) for ms in written[view.name])
         offline = offline_table_path(cfg.local_data_dir("featurectl assets"), view)
-        stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project, offline, start, end,
-                                 key_ttl_s=cfg.key_ttl_seconds,
-                                 on_written=vector_sink(cfg, view))
+        with vector_sink(cfg, view) as on_written:
+            stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project, offline, start, end,
+                                     key_ttl_s=cfg.key_ttl_seconds, on_written=on_written)
         store.registry.apply_materialization(feast_view, cfg.project, start, end, commit=True)
         click.echo(f"{view.name}: materialized {stats.entities_written:,} assets into Redis")
 

@@ -12,9 +12,9 @@ backfill failed a data-quality check are refused unless `--allow-failed-checks V
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import functools
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import click
 from tqdm import tqdm
@@ -84,14 +84,27 @@ def _since(feast_view, view, start: dt.datetime | None, end: dt.datetime, replac
     return since
 
 
-def vector_sink(cfg, view) -> Optional[Callable]:
+@contextlib.contextmanager
+def vector_sink(cfg, view) -> Iterator[Optional[Callable]]:
     """Where materialized rows of a view with a Vector feature go besides Redis: the vector index
-    (`serving.vector_index`); None for other views."""
+    (`serving.vector_index`), sealed once the run has written them, so that a Milvus server builds its index over
+    them and serves them through it (`VectorIndex.seal`; rows left in a growing segment are scanned). None for other
+    views. A run that fails leaves its rows unsealed: the next run's seal covers them."""
     if not view.vector_features:
-        return None
+        yield None
+        return
     from serving.vector_index import VectorIndex
 
-    return functools.partial(VectorIndex(cfg).write_table, view)
+    index = VectorIndex(cfg)
+    written = 0
+
+    def write(table) -> None:
+        nonlocal written
+        written += index.write_table(view, table)
+
+    yield write
+    if written:
+        index.seal(view)
 
 
 def _materialize(cfg, store, job, feast_view) -> None:
@@ -100,8 +113,7 @@ def _materialize(cfg, store, job, feast_view) -> None:
     from redis_store.settings import RedisSettings
 
     view, since, end = job.view, job.start, job.end
-    on_written = vector_sink(cfg, view)
-    with tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
+    with vector_sink(cfg, view) as on_written, tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
                                  offline_table_location(cfg.data_storage, view), since, end,
                                  key_ttl_s=cfg.key_ttl_seconds, on_rows=bar.update, on_written=on_written)

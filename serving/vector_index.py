@@ -39,6 +39,11 @@ SEAL_TIMEOUT_S = 600.0
 # or FLAT.
 HNSW_BUILD = {"M": 16, "efConstruction": 200}
 HNSW_SEARCH = {"ef": 64}
+# Sent with every search whatever level the collection was made with: Bounded reads what the query node holds unless
+# it lags more than Milvus's `common.gracefulTime` (5 s), so a search waits for no time tick. Measured on the local
+# server (1,000 HNSW searches each at load 10): Strong p50 200 ms (it waits for the next 200 ms time tick), Bounded
+# 1.7 ms, Eventually 1.8 ms.
+SEARCH_CONSISTENCY = "Bounded"
 
 
 class VectorSearchError(RequestError):
@@ -210,8 +215,8 @@ class VectorIndex:
                expression: str = "") -> list[tuple[str, float]]:
         """The `k` nearest (primary key, distance) of `vector` in `collection`'s `feature`, nearest first."""
         hits = self.client().search(collection_name=collection, data=[list(vector)], anns_field=feature, limit=k,
-                             filter=expression, output_fields=[],
-                             search_params={"metric_type": kind.metric, "params": self.search_params})
+                                    filter=expression, output_fields=[], consistency_level=SEARCH_CONSISTENCY,
+                                    search_params={"metric_type": kind.metric, "params": self.search_params})
         return [(hit["id"], float(hit["distance"])) for hit in hits[0]]
 
     def seal(self, view: FeatureView) -> None:
@@ -221,8 +226,6 @@ class VectorIndex:
         Milvus Lite keeps no segments to seal."""
         if not self.on_server or not view.vector_features:
             return
-        from pymilvus import utility
-
         collection, _ = self._collection(view)
         client = self.client()
         client.flush(collection)
@@ -231,14 +234,19 @@ class VectorIndex:
         while True:
             described = [client.describe_index(collection, name) for name in indexes]
             if not any(map(_pending, described)):
-                served = utility.get_query_segment_info(collection, using=self._connection())
-                indexed = max(int(one.get("indexed_rows") or 0) for one in described)
-                if sum(segment.num_rows for segment in served if segment.indexID) >= indexed:
+                if self.served_indexed_rows(collection) >= max(int(one.get("indexed_rows") or 0) for one in described):
                     return
             if time.monotonic() > deadline:
                 raise VectorSearchError(f"Milvus at {self.location} does not serve `{collection}` through its "
                                         f"index {SEAL_TIMEOUT_S:.0f} s after its flush: see the server's log")
             time.sleep(0.2)
+
+    def served_indexed_rows(self, collection: str) -> int:
+        """Rows a server's query nodes serve from segments with a built index (the rest they scan)."""
+        from pymilvus import utility
+
+        served = utility.get_query_segment_info(collection, using=self._connection())
+        return sum(segment.num_rows for segment in served if segment.indexID)
 
     def _connection(self) -> str:
         """The alias of a pymilvus ORM connection to the server (segment information has no MilvusClient call)."""

@@ -1,10 +1,13 @@
 """Search on a Milvus server (the one `featurectl services up --milvus` runs, started here on free ports in a
 scratch folder): the project's default index there is HNSW, built over the sealed rows after `VectorIndex.seal`;
 `client.search` finds numpy's exact nearest neighbours of seeded isotropic vectors at recall@10 >= 0.95, at the
-distances numpy computes for the ids found; Feast's own `retrieve_online_documents_v2` reads the same index."""
+distances numpy computes for the ids found; Feast's own `retrieve_online_documents_v2` reads the same index.
+`featurectl materialize` of a view with a vector feature seals what it wrote, so the server serves it through the
+index."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import numpy as np
@@ -94,3 +97,46 @@ def test_feast_reads_the_same_index(indexed):
         theirs = store.retrieve_online_documents_v2(features=["asset_shape:embedding"], query=query.tolist(),
                                                     top_k=K, distance_metric="L2").to_dict()["asset_id"]
         assert theirs == ours
+
+
+def test_materialize_seals_the_index(tmp_path, local_services, milvus_uri):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import redis
+    from click.testing import CliRunner
+
+    from common.config import load_config
+    from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
+    from dsl.repo import load_repo
+    from dsl.types import Vector
+    from featurectl.cli import Context
+    from featurectl.materialize_commands import materialize
+    from serving.vector_index import VectorIndex
+
+    project = f"seal{time.time_ns() % 10**9}"
+    repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"uri": milvus_uri}})
+    cfg = load_config(repo)
+    view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
+    vectors = np.random.default_rng(20).normal(size=(ROWS, DIM)).astype(np.float32)
+    when = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=5)
+    folder = offline_table_path(cfg.data_dir, view)
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"asset_id": [f"m{i}" for i in range(ROWS)], "category": ["x"] * ROWS,
+                             "faces": list(range(ROWS)), "embedding": pa.array(list(vectors), Vector(DIM).arrow_type()),
+                             EVENT_TIMESTAMP: pa.array([when] * ROWS, pa.timestamp("ms", "UTC"))}),
+                   folder / "part-0.parquet")
+    index, collection = VectorIndex(cfg), f"{project}_asset_shape"
+    try:
+        hour = dt.timedelta(hours=1)
+        ran = CliRunner().invoke(materialize, [(when - hour).isoformat(), (when + hour).isoformat()],
+                                 obj=Context(repo, None))
+        assert ran.exit_code == 0, ran.output + repr(ran.exception)
+        described = index.client().describe_index(collection, "vector_index_embedding")
+        assert (int(described["indexed_rows"]), int(described["pending_index_rows"])) == (ROWS, 0)
+        assert index.served_indexed_rows(collection) == ROWS
+    finally:
+        index.drop(collection)
+        db = redis.Redis(*cfg.redis_host_port)
+        keys = list(db.scan_iter(match=b"*" + project.encode(), count=10_000))
+        if keys:
+            db.delete(*keys)

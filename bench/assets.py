@@ -68,7 +68,8 @@ def _ray_data_rate(todo, descriptor, workers: int) -> float:
     group = placement_group([{"CPU": 1}] * workers)
     lows = list(itertools.accumulate(block_sizes(todo.num_rows, workers), initial=0))
     try:
-        group.wait(60)
+        if not group.wait(60):
+            raise click.ClickException(f"the bench's Ray did not free {workers} CPUs within 60 s for Ray Data")
         blocks = [todo.slice(lo, hi - lo) for lo, hi in itertools.pairwise(lows)]
         dataset = ray.data.from_blocks(blocks).map_batches(
             derive_batch, batch_format="pyarrow", batch_size=None, fn_kwargs={"descriptor": descriptor},

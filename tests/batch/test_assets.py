@@ -256,7 +256,8 @@ def test_assets_benchmark_line_counts_every_side():
     done = featurectl("bench", "assets", "--assets", "24", "--rounds", "1", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
-    assert line["bench"] == "assets" and set(line["ours"]) == {"assets_per_s", "ray1_assets_per_s"}
+    assert line["bench"] == "assets" and set(line["ours"]) == {"assets_per_s", "ray1_assets_per_s",
+                                                                 "ray_data2_assets_per_s"}
     rounds = line["params"]["rounds"]
-    assert set(rounds) == {"loop", "ray1", "ray2"}
+    assert set(rounds) == {"loop", "ray1", "ray2", "ray_data2"} and line["params"]["ray_data2_over_loop"] > 0
     assert all(len(rates) == 1 and rates[0] > 0 for rates in rounds.values())

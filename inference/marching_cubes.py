@@ -1,12 +1,13 @@
 """Marching cubes in torch: the surface of an occupancy grid at a level, computed where the grid lives (the GPU).
 
-It is the classic (Lorensen) algorithm with scikit-image's own classic table: for each cube the signs of its 8
-corners pick the triangles; each grid edge whose ends change sign carries one vertex, shared by the cubes around it,
-at the linear interpolation of the level. On the same grid it gives what `skimage.measure.marching_cubes(...,
-method="lorensen")` gives (the same vertices and triangles, in another order). The default Lewiner method differs
-only in cubes with ambiguous faces, where it may add or rearrange triangles (the tests and `featurectl bench
-generate` count the difference). Everything stays on the grid's device: a few passes over the grid, no Python per
-cube; the caller copies the final buffers to the host once.
+For each cube the signs of its 8 corners pick the triangles; each grid edge whose ends change sign carries one
+vertex, shared by the cubes around it, at the linear interpolation of the level. The default method is Lewiner's
+(Marching Cubes 33, `inference.marching_cubes_lewiner`): its face and interior tests resolve the ambiguous cubes,
+some with a vertex inside the cube, and the result has the triangles of `skimage.measure.marching_cubes(...)`
+(its default method) on the same grid, in another order. `method="lorensen"` is the classic table, scikit-image's
+own, with the triangles of its `method="lorensen"`. Everything stays on the grid's device: a few passes over the
+grid, the tests over the ambiguous cubes only, no Python per cube; the caller copies the final buffers to the host
+once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from inference.errors import MeshError
+from inference.marching_cubes_lewiner import LewinerTables, lewiner_rows, lewiner_tables
 
 # triangles per cube case (bit i of the case: corner i = (i & 1, i >> 1 & 1, i >> 2 & 1) is above the level),
 # three edges each, one hex digit an edge (`EDGES` below); "-": no triangle. Read off scikit-image's classic table
@@ -54,7 +56,8 @@ MAX_TRIANGLES = 5
 
 
 def _tables(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(triangle edges [256, 5, 3], triangle count [256], edge axis [12], edge offset [12, 3]) on `device`."""
+    """(triangle edges [256, 5, 3], triangle count [256], edge axis [13], edge offset [13, 3]) on `device`; edge 12,
+    the vertex inside a cube (Lewiner's tilings only), has axis 3 and offset 0."""
     edges = torch.zeros(256, MAX_TRIANGLES, 3, dtype=torch.long)
     count = torch.zeros(256, dtype=torch.long)
     for case, row in enumerate(TRIANGLES):
@@ -62,12 +65,14 @@ def _tables(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         count[case] = len(digits) // 3
         if digits:
             edges[case, :count[case]] = torch.tensor(digits).view(-1, 3)
-    axis = torch.tensor([a for a, _ in EDGES])
-    offset = torch.tensor([o for _, o in EDGES])
+    axis = torch.tensor([a for a, _ in EDGES] + [3])
+    offset = torch.tensor([o for _, o in EDGES] + [(0, 0, 0)])
     return edges.to(device), count.to(device), axis.to(device), offset.to(device)
 
 
 _TABLES: dict[torch.device, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+_LEWINER: dict[torch.device, LewinerTables] = {}
+METHODS = ("lewiner", "lorensen")
 
 
 def _shifted(t: Tensor, axis: int, lo: bool) -> Tensor:
@@ -76,18 +81,56 @@ def _shifted(t: Tensor, axis: int, lo: bool) -> Tensor:
     return t.narrow(axis, 0 if lo else 1, n - 1)
 
 
-def marching_cubes_torch(values: Tensor, level: float = 0.0) -> tuple[Tensor, Tensor]:
+def marching_cubes_torch(values: Tensor, level: float = 0.0, method: str = "lewiner") -> tuple[Tensor, Tensor]:
     """Surface of `values` [X, Y, Z] at `level`: vertices [V, 3] float32 in grid index units and faces [F, 3]
-    int64, both on `values`' device. Raises `MeshError` where no cube crosses the level."""
+    int64, both on `values`' device. `method`: "lewiner" (scikit-image's default, Marching Cubes 33: the same
+    triangles) or "lorensen" (the classic table, scikit-image's `method="lorensen"`). Raises `MeshError` where no
+    cube crosses the level."""
     if values.dim() != 3 or min(values.shape) < 2:
         raise MeshError(f"marching cubes needs a 3-d grid of at least 2 points a side, got {tuple(values.shape)}")
+    if method not in METHODS:
+        raise MeshError(f"unknown marching cubes method {method!r}: use one of {', '.join(METHODS)}")
     device = values.device
     if device not in _TABLES:
         _TABLES[device] = _tables(device)
     tri_edges, tri_count, edge_axis, edge_offset = _TABLES[device]
     values = values.float()
     above = values > level
-    # one vertex per grid edge whose ends differ: ids numbered axis by axis, row-major within an axis
+    ids, verts = _edge_vertices(values, above, level)
+    case = _cube_cases(above)
+    cubes = ((case != 0) & (case != 255)).nonzero()                           # [M, 3] first corners
+    if cubes.shape[0] == 0:
+        raise MeshError(f"the grid does not cross level {level:g} (values in [{values.min().item():.3g}, "
+                        f"{values.max().item():.3g}]): the tokens decode to an empty or full volume")
+    rows = case[cubes[:, 0], cubes[:, 1], cubes[:, 2]]                        # [M] row of the triangle table
+    inner_ids = torch.full_like(rows, -1)                                     # [M] vertex inside the cube
+    if method == "lewiner":
+        if device not in _LEWINER:
+            _LEWINER[device] = lewiner_tables(EDGES, device)
+        tri_edges, tri_count = _LEWINER[device].triangles, _LEWINER[device].count
+        rows, inner_cubes, inner_verts = lewiner_rows(_LEWINER[device], rows, cubes, values, level)
+        inner_ids[inner_cubes] = torch.arange(inner_cubes.shape[0], device=device) + sum(v.shape[0] for v in verts)
+        verts.append(inner_verts)
+    per_cube = tri_count[rows]
+    owner = torch.repeat_interleave(torch.arange(cubes.shape[0], device=device), per_cube)      # [F]
+    first = torch.cumsum(per_cube, 0) - per_cube
+    nth = torch.arange(owner.shape[0], device=device) - first[owner]
+    local = tri_edges[rows[owner], nth]                                       # [F, 3] cube edges, 12: inside
+    # every vertex id in one table: the three axes' edge grids flattened, then the cubes' inner vertices
+    table = torch.cat([i.flatten() for i in ids] + [inner_ids])
+    starts = torch.tensor([0] + [i.numel() for i in ids], device=device).cumsum(0)                # [4]
+    strides = torch.tensor([[i.shape[1] * i.shape[2], i.shape[2], 1] for i in ids] + [[0, 0, 0]],
+                           device=device)                                                         # [4, 3]
+    axis = edge_axis[local]
+    corner = cubes[owner].unsqueeze(1) + edge_offset[local]                   # [F, 3, 3] first corner of each edge
+    at = starts[axis] + (corner * strides[axis]).sum(-1) + (axis == 3) * owner.unsqueeze(1)
+    return torch.cat(verts), table[at]
+
+
+def _edge_vertices(values: Tensor, above: Tensor, level: float) -> tuple[list[Tensor], list[Tensor]]:
+    """One vertex per grid edge whose ends differ: (vertex id per edge first corner, -1 where none, [3] grids;
+    vertices per axis [n_a, 3]). Ids numbered axis by axis, row-major within an axis."""
+    device = values.device
     ids, verts, base = [], [], 0
     for a in range(3):
         lo, hi = _shifted(above, a, True), _shifted(above, a, False)
@@ -105,28 +148,14 @@ def marching_cubes_torch(values: Tensor, level: float = 0.0) -> tuple[Tensor, Te
         edge_ids[cross] = torch.arange(base, base + points.shape[0], device=device)
         ids.append(edge_ids)
         base += points.shape[0]
-    # cube cases
-    x, y, z = (s - 1 for s in values.shape)
-    case = torch.zeros(x, y, z, dtype=torch.long, device=device)
+    return ids, verts
+
+
+def _cube_cases(above: Tensor) -> Tensor:
+    """Case of each cube [X-1, Y-1, Z-1]: bit i set where corner i = (i & 1, i >> 1 & 1, i >> 2 & 1) is above."""
+    x, y, z = (s - 1 for s in above.shape)
+    case = torch.zeros(x, y, z, dtype=torch.long, device=above.device)
     for i in range(8):
         dx, dy, dz = i & 1, i >> 1 & 1, i >> 2 & 1
         case |= above[dx:dx + x, dy:dy + y, dz:dz + z].long() << i
-    n_tri = tri_count[case]
-    cubes = n_tri.nonzero()                                                   # [M, 3]
-    if cubes.shape[0] == 0:
-        raise MeshError(f"the grid does not cross level {level:g} (values in [{values.min().item():.3g}, "
-                        f"{values.max().item():.3g}]): the tokens decode to an empty or full volume")
-    cube_case = case[cubes[:, 0], cubes[:, 1], cubes[:, 2]]
-    per_cube = tri_count[cube_case]
-    owner = torch.repeat_interleave(torch.arange(cubes.shape[0], device=device), per_cube)      # [F]
-    first = torch.cumsum(per_cube, 0) - per_cube
-    nth = torch.arange(owner.shape[0], device=device) - first[owner]
-    local = tri_edges[cube_case[owner], nth]                                  # [F, 3] cube edges
-    corner = cubes[owner].unsqueeze(1) + edge_offset[local]                   # [F, 3, 3] first corner of each edge
-    axis = edge_axis[local]
-    faces = torch.empty_like(local)
-    for a in range(3):
-        on = axis == a
-        c = corner[on]
-        faces[on] = ids[a][c[:, 0], c[:, 1], c[:, 2]]
-    return torch.cat(verts), faces
+    return case

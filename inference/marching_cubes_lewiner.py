@@ -58,6 +58,20 @@ def _edge_map(edges: tuple) -> list[int]:
     return out + [CENTER]
 
 
+def _lewiner_index() -> Tensor:
+    """Our case bits [256] -> Lewiner's index: bit k for his corner k = (x, y, z), whose bit is ours z + 2y + 4x."""
+    ours = torch.tensor([z + 2 * y + 4 * x for x, y, z in CORNERS])
+    return ((torch.arange(256)[:, None] >> ours & 1) << torch.arange(8)).sum(1)
+
+
+def classic_tables(edges: tuple, device: torch.device) -> tuple[Tensor, Tensor]:
+    """scikit-image's classic (Lorensen) table for our case bits and `edges`: (triangle edges [256, 5, 3], triangle
+    count [256]) on `device`."""
+    table = torch.from_numpy(_lut("CASESCLASSIC").astype(np.int64))[_lewiner_index(), :15].view(256, 5, 3)
+    count = (table[:, :, 0] >= 0).sum(1)
+    return torch.tensor(_edge_map(edges))[table.clamp(min=0)].to(device), count.to(device)
+
+
 @dataclass(frozen=True)
 class LewinerTables:
     """Every tiling as rows of one table (row 0: no triangle), and the tests, on one device."""
@@ -93,11 +107,7 @@ def lewiner_tables(edges: tuple, device: torch.device) -> LewinerTables:
         count += [flat.shape[1]] * flat.shape[0]
     triangles, count_t = torch.cat(rows), torch.tensor(count)
     centered = ((triangles == CENTER) & (torch.arange(12) < count_t[:, None])[..., None]).flatten(1).any(1)
-    bits = torch.arange(256)
-    # Lewiner's index: bit k for corner k = (x, y, z); our bit of that corner is z + 2y + 4x
-    ours = torch.tensor([z + 2 * y + 4 * x for x, y, z in CORNERS])
-    lewiner_index = ((bits[:, None] >> ours & 1) << torch.arange(8)).sum(1)
-    cases = torch.from_numpy(_lut("CASES").astype(np.int64))[lewiner_index]
+    cases = torch.from_numpy(_lut("CASES").astype(np.int64))[_lewiner_index()]
     plain_row = torch.zeros(256, dtype=torch.long)
     for c, name in PLAIN.items():
         on = cases[:, 0] == c

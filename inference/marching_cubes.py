@@ -78,14 +78,15 @@ def marching_cubes_torch(values: Tensor, level: float = 0.0, method: str = "lewi
     first = torch.cumsum(per_cube, 0) - per_cube
     nth = torch.arange(owner.shape[0], device=device) - first[owner]
     local = tri_edges[rows[owner], nth]                                       # [F, 3] cube edges, 12: inside
-    # every vertex id in one table: the three axes' edge grids flattened, then the cubes' inner vertices
+    # every vertex id in one table: the three axes' edge grids flattened, then the cubes' inner vertices; a cube
+    # edge's place in it = the cube's place in its axis' part (`cube_at` [M, 4]) + the edge's step from there
     table = torch.cat([i.flatten() for i in ids] + [inner_ids])
+    strides = torch.tensor([[i.shape[1] * i.shape[2], i.shape[2], 1] for i in ids] + [[0, 0, 0]], device=device)
     starts = torch.tensor([0] + [i.numel() for i in ids], device=device).cumsum(0)                # [4]
-    strides = torch.tensor([[i.shape[1] * i.shape[2], i.shape[2], 1] for i in ids] + [[0, 0, 0]],
-                           device=device)                                                         # [4, 3]
-    axis = edge_axis[local]
-    corner = cubes[owner].unsqueeze(1) + edge_offset[local]                   # [F, 3, 3] first corner of each edge
-    at = starts[axis] + (corner * strides[axis]).sum(-1) + (axis == 3) * owner.unsqueeze(1)
+    cube_at = torch.cat([(cubes.unsqueeze(1) * strides[:3]).sum(-1),                               # no int matmul
+                         torch.arange(cubes.shape[0], device=device).unsqueeze(1)], 1) + starts
+    step = (edge_offset * strides[edge_axis]).sum(1)                                                # [13]
+    at = cube_at.view(-1)[owner.unsqueeze(1) * 4 + edge_axis[local]] + step[local]
     return torch.cat(verts), table[at]
 
 
@@ -107,7 +108,7 @@ def _edge_vertices(values: Tensor, above: Tensor, level: float) -> tuple[list[Te
         pos[:, a] += (level - v0) / (v1 - v0)
         verts.append(pos)
         edge_ids = torch.full(cross.shape, -1, dtype=torch.long, device=device)
-        edge_ids[cross] = torch.arange(base, base + points.shape[0], device=device)
+        edge_ids[points[:, 0], points[:, 1], points[:, 2]] = torch.arange(base, base + points.shape[0], device=device)
         ids.append(edge_ids)
         base += points.shape[0]
     return ids, verts

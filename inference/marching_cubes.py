@@ -78,16 +78,22 @@ def marching_cubes_torch(values: Tensor, level: float = 0.0, method: str = "lewi
     first = torch.cumsum(per_cube, 0) - per_cube
     nth = torch.arange(owner.shape[0], device=device) - first[owner]
     local = tri_edges[rows[owner], nth]                                       # [F, 3] cube edges, 12: inside
-    # every vertex id in one table: the three axes' edge grids flattened, then the cubes' inner vertices; a cube
-    # edge's place in it = the cube's place in its axis' part (`cube_at` [M, 4]) + the edge's step from there
+    return torch.cat(verts), _vertex_ids(ids, inner_ids, cubes, owner, local, edge_axis, edge_offset)
+
+
+def _vertex_ids(ids: list[Tensor], inner_ids: Tensor, cubes: Tensor, owner: Tensor, local: Tensor,
+                edge_axis: Tensor, edge_offset: Tensor) -> Tensor:
+    """Vertex ids of the faces' corners [F, 3], from their cube edges (`local` [F, 3], 12 for the vertex inside the
+    cube) and owning cubes (`owner` [F]). Every id lies in one table: the three axes' edge grids flattened, then the
+    cubes' inner vertices; an edge's place there is its cube's place in that axis' part plus the edge's step."""
+    device = cubes.device
     table = torch.cat([i.flatten() for i in ids] + [inner_ids])
     strides = torch.tensor([[i.shape[1] * i.shape[2], i.shape[2], 1] for i in ids] + [[0, 0, 0]], device=device)
     starts = torch.tensor([0] + [i.numel() for i in ids], device=device).cumsum(0)                # [4]
     cube_at = torch.cat([(cubes.unsqueeze(1) * strides[:3]).sum(-1),                               # no int matmul
-                         torch.arange(cubes.shape[0], device=device).unsqueeze(1)], 1) + starts
+                         torch.arange(cubes.shape[0], device=device).unsqueeze(1)], 1) + starts    # [M, 4]
     step = (edge_offset * strides[edge_axis]).sum(1)                                                # [13]
-    at = cube_at.view(-1)[owner.unsqueeze(1) * 4 + edge_axis[local]] + step[local]
-    return torch.cat(verts), table[at]
+    return table[cube_at.view(-1)[owner.unsqueeze(1) * 4 + edge_axis[local]] + step[local]]
 
 
 def _edge_vertices(values: Tensor, above: Tensor, level: float) -> tuple[list[Tensor], list[Tensor]]:

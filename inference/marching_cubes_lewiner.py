@@ -188,7 +188,7 @@ def _case13(t: LewinerTables, config: Tensor, v: Tensor) -> Tensor:
     test = t.tests["TEST13"][config]
     bits = sum(face_test(v, test[:, i]).long() << i for i in range(6))
     sub = t.tests["SUBCONFIG13"][bits]
-    rows = torch.zeros_like(sub)                                                   # -1: impossible, no triangle
+    rows = torch.zeros_like(sub)                                   # row 0, no triangle, where `sub` is -1 (impossible)
     for (start, name), (end, _) in zip(RUNS13, RUNS13[1:]):
         on = (sub >= start) & (sub < end)
         k = (sub - start).clamp(0, end - start - 1)

@@ -1,6 +1,6 @@
 """Tokens to a mesh file: codebook + latent decoder and occupancy on a (2^r + 1)^3 grid on the device (in
-chunks), marching cubes at level 0 (on a CUDA device by `inference.marching_cubes`, else scikit-image's on the
-host), export to GLB or OBJ. Every stage is timed.
+chunks), marching cubes at level 0 (Lewiner's method: on a CUDA device by `inference.marching_cubes`, else
+scikit-image's on the host; the same triangles), export to GLB or OBJ. Every stage is timed.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def marching_cubes(grid: np.ndarray, bounds: float, mask: np.ndarray | None = No
 
 
 def device_surface(grid: Tensor, bounds: float) -> tuple[Tensor, Tensor]:
-    """`marching_cubes` where `grid` lives (classic cases, see `inference.marching_cubes`): vertices [V, 3] float32
+    """`marching_cubes` where `grid` lives (`inference.marching_cubes`, the same triangles): vertices [V, 3] float32
     in world coordinates and faces [F, 3] int64, on the grid's device, same scaling and winding."""
     verts, faces = marching_cubes_torch(grid, 0.0)
     return verts * (2 * bounds / grid.shape[0]) - bounds, faces

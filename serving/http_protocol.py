@@ -39,6 +39,7 @@ from serving.media import media_of
 JSON = b"application/json"
 LINGER_S = 1.0  # after a refusal, what the client still sends is read and dropped this long, so it sees the answer
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_TEMPLATES: dict[tuple[int, bytes, bool], bytes] = {}  # response heads without extra headers, by status, type, close
 _SPARE_HEAD_BYTES = 4096  # request line and line ends, beside the URL and header limits
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # what the server logs and echoes: no spaces, no line breaks
 
@@ -327,7 +328,18 @@ class HttpProtocol(asyncio.Protocol):
 
 
 def _head(status: int, kind: bytes, length: int, close: bool, headers=()) -> bytes:
-    """The status line and headers; `headers` are extra (name, value) pairs (Retry-After, WWW-Authenticate)."""
-    extra = b"".join(b"%s: %s\r\n" % pair for pair in headers) if headers else b""
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n"
-            % (status, _REASONS.get(status, b""), kind, length, extra, b"connection: close\r\n" if close else b""))
+    """The status line and headers; `headers` are extra (name, value) pairs (Retry-After, WWW-Authenticate). Heads
+    without extra headers are filled into a template kept per status, type and close (one `%d`)."""
+    if not headers:
+        template = _TEMPLATES.get((status, kind, close))
+        if template is None:
+            template = _TEMPLATES[(status, kind, close)] = _template(status, kind, b"", close)
+        return template % length
+    return _template(status, kind, b"".join(b"%s: %s\r\n" % pair for pair in headers), close) % length
+
+
+def _template(status: int, kind: bytes, extra: bytes, close: bool) -> bytes:
+    """A response head with `%d` where its content length goes."""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %%d\r\n%s%s\r\n"
+            % (status, _REASONS.get(status, b""), kind, extra.replace(b"%", b"%%"),
+               b"connection: close\r\n" if close else b""))

@@ -12,17 +12,20 @@ requests pipeline on their own. Bulk writers hold a `Connection` each.
 from __future__ import annotations
 
 import asyncio
+import logging
 import select
 import socket
 import ssl
 import time
 from collections import deque
-from typing import Optional
+from typing import Callable, Optional
 
 import hiredis
 
 from redis_store.errors import RedisReplyError, RedisUnavailableError
 from redis_store.settings import RedisSettings, auth_hint
+
+logger = logging.getLogger(__name__)
 
 PING = hiredis.pack_command((b"PING",))
 TIMER_SLACK_S = 0.001  # asyncio's timers fire up to a millisecond early
@@ -214,6 +217,38 @@ class SyncNode:
             self._idle.pop().close()
 
 
+Answered = Callable[[Optional[list], Optional[BaseException]], None]  # (replies, None) or (None, the failure)
+
+
+class _Callback:
+    """A waiter that hands its replies (or its failure) straight to a function, from the reply's own
+    `data_received`: no future, no done-callback, no handle and no loop turn between the reply and the answer.
+    Quacks like the future `_ReplyProtocol` otherwise keeps (`done`, `set_result`, `set_exception`); a function
+    that raises is logged, never let into the protocol, whose other waiters it would fail."""
+
+    __slots__ = ("answered", "called")
+
+    def __init__(self, answered: Answered):
+        self.answered = answered
+        self.called = False
+
+    def done(self) -> bool:
+        return self.called
+
+    def set_result(self, replies: list) -> None:
+        self._call(replies, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._call(None, error)
+
+    def _call(self, replies: Optional[list], error: Optional[BaseException]) -> None:
+        self.called = True
+        try:
+            self.answered(replies, error)
+        except Exception:
+            logger.exception("the answer to a redis reply failed")
+
+
 class _ReplyProtocol(asyncio.Protocol):
     """Feeds replies to the requests waiting on this connection, in the order they were written.
 
@@ -238,9 +273,10 @@ class _ReplyProtocol(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def request(self, commands: list[bytes]) -> asyncio.Future:
-        """The future of the replies to `commands`."""
-        future = self.loop.create_future()
+    def request(self, commands: list[bytes], waiter: Optional[_Callback] = None) -> asyncio.Future | _Callback:
+        """The future of the replies to `commands`; with `waiter`, they go to it instead (and the future returned
+        is that waiter)."""
+        future = waiter or self.loop.create_future()
         deadline = self.loop.time() + self.timeout_s
         self.waiting.append([future, len(commands), [], deadline])
         if not self.outbox:
@@ -345,10 +381,12 @@ class AsyncNode:
         self._protocol = protocol
         return protocol
 
-    def submit(self, commands: list[bytes]) -> asyncio.Future:
-        """The future of the replies to `commands` (not checked: `check_replies`) with no coroutine or task on the
-        way; only while the connection `is_open` (`execute` opens one)."""
-        return self._protocol.request(commands)  # type: ignore[union-attr]
+    def submit(self, commands: list[bytes], answered: Answered) -> None:
+        """Hand the replies to `commands` (not checked: `check_replies`), or the failure (`RedisUnavailableError`
+        within the timeout, the connection's loss), to `answered`, called from the reply's own callback: no
+        coroutine, task, future or loop turn on the way. Only while the connection `is_open` (`execute` opens
+        one)."""
+        self._protocol.request(commands, _Callback(answered))  # type: ignore[union-attr]
 
     async def execute(self, commands: list[bytes]) -> list:
         return await (await self._connection()).request(commands)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, TypeVar, overload
 
 from redis_store.cluster import AsyncCluster, SyncCluster
-from redis_store.node import AsyncNode, SyncNode
+from redis_store.node import Answered, AsyncNode, SyncNode
 from redis_store.settings import RedisSettings
 from serving.catalog import CatalogRefresher
 from serving.errors import ServingError
@@ -211,10 +211,11 @@ class AsyncOnlineClient(_ClientCore):
         redis = self.redis
         return isinstance(redis, AsyncNode) and redis.is_open()
 
-    def read_soon(self, request: PreparedRequest) -> asyncio.Future:
-        """The future of a prepared request's replies, for callers that answer from a callback rather than a
-        coroutine (they check the replies: `redis_store.node.check_replies`); only while `reads_soon()`."""
-        return self.redis.submit(request.commands)  # type: ignore[union-attr]
+    def read_soon(self, request: PreparedRequest, answered: Answered) -> None:
+        """Hand a prepared request's replies (or the failure) to `answered`, for callers that answer from a callback
+        rather than a coroutine (they check the replies: `redis_store.node.check_replies`); only while
+        `reads_soon()`."""
+        self.redis.submit(request.commands, answered)  # type: ignore[union-attr]
 
     @overload
     async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,

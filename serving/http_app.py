@@ -55,6 +55,7 @@ MAX_ROWS = 10_000
 JSON = b"application/json"
 Reply = tuple[int, bytes, bytes]  # status, body, content type
 Answer = tuple[int, bytes, bytes, Any]  # a Reply and extra (name, value) headers
+_STR = {str}
 
 
 class BadRequest(RequestError):
@@ -93,7 +94,7 @@ def parse_request(body: bytes) -> tuple[Any, dict, bool]:
         if features:
             raise BadRequest("give either `features` or `feature_service`, not both")
         features = service
-    elif not isinstance(features, list) or not features or not all(isinstance(f, str) for f in features):
+    elif not isinstance(features, list) or not features or not set(map(type, features)) <= _STR:  # checked in C
         raise BadRequest("`features` must be a non-empty list of `view:feature` strings "
                          "(or give `feature_service` instead)")
     entities = data.get("entities")
@@ -230,18 +231,20 @@ class FeatureServer:
                 return True
         service = features if isinstance(features, str) else "-"
         self.stats.in_flight += 1
-        client.read_soon(request).add_done_callback(
-            lambda done: reply(self._row_answered(done, request, features, service, start, media)))
+        client.read_soon(request, lambda replies, error: reply(
+            self._row_answered(replies, error, request, features, service, start, media)))
         return True
 
-    def _row_answered(self, done: asyncio.Future, request: Any, features: Any, service: str, start: int,
-                      media: int) -> Answer:
-        """`answer_soon`'s answer once Redis replied (or failed)."""
+    def _row_answered(self, replies: Optional[list], error: Optional[BaseException], request: Any, features: Any,
+                      service: str, start: int, media: int) -> Answer:
+        """`answer_soon`'s answer once Redis replied (`replies`) or failed (`error`)."""
         stats = self.stats
         stats.in_flight -= 1
         arrow = bool(media & ARROW_ANSWER)
         try:
-            replies = check_replies(done.result(), self.client.redis.where)  # type: ignore[union-attr]
+            if error is not None:
+                raise error
+            replies = check_replies(replies, self.client.redis.where)  # type: ignore[union-attr,arg-type]
             payload, status, kind = self._answered(features, request, replies, arrow), 200, ARROW if arrow else JSON
         except Exception as exc:
             failed = self._failure("get-online-features", exc)

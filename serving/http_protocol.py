@@ -39,7 +39,10 @@ from serving.media import media_of
 JSON = b"application/json"
 LINGER_S = 1.0  # after a refusal, what the client still sends is read and dropped this long, so it sees the answer
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_TEMPLATES: dict[tuple[int, bytes, bool], bytes] = {}  # response heads without extra headers, by status, type, close
 _SPARE_HEAD_BYTES = 4096  # request line and line ends, beside the URL and header limits
+# the lengths of the headers kept: authorization, x-api-key, expect and accept, x-request-id and content-type
+_KEPT_SIZES = frozenset(map(len, (b"authorization", b"x-api-key", b"expect", b"x-request-id")))
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # what the server logs and echoes: no spaces, no line breaks
 
 
@@ -168,18 +171,20 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(431, f"request headers over {self.max_head} bytes or {self.max_headers} lines",
                          "headers_too_large")
             return
-        size = len(name)  # most headers are ruled out by their length, without lowering the name
-        if size == 13 and name.lower() == b"authorization":
+        if len(name) not in _KEPT_SIZES:  # most headers are ruled out by their length, without lowering the name
+            return
+        name = name.lower()
+        if name == b"authorization":
             self.api_key = bearer(value) or self.api_key
-        elif size == 9 and name.lower() == b"x-api-key":
+        elif name == b"x-api-key":
             self.api_key = self.api_key or value.strip().decode("latin-1")
-        elif size == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
+        elif name == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True
-        elif size == 12 and name.lower() == b"x-request-id":
+        elif name == b"x-request-id":
             self.request_id = request_id(value)
-        elif size == 12 and self.arrow_media and name.lower() == b"content-type":
+        elif name == b"content-type" and self.arrow_media:
             self.content_type = value
-        elif size == 6 and self.arrow_media and name.lower() == b"accept":
+        elif name == b"accept" and self.arrow_media:
             self.accept = value
 
     def on_headers_complete(self) -> None:
@@ -327,7 +332,18 @@ class HttpProtocol(asyncio.Protocol):
 
 
 def _head(status: int, kind: bytes, length: int, close: bool, headers=()) -> bytes:
-    """The status line and headers; `headers` are extra (name, value) pairs (Retry-After, WWW-Authenticate)."""
-    extra = b"".join(b"%s: %s\r\n" % pair for pair in headers) if headers else b""
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n"
-            % (status, _REASONS.get(status, b""), kind, length, extra, b"connection: close\r\n" if close else b""))
+    """The status line and headers; `headers` are extra (name, value) pairs (Retry-After, WWW-Authenticate). Heads
+    without extra headers are filled into a template kept per status, type and close (one `%d`)."""
+    if not headers:
+        template = _TEMPLATES.get((status, kind, close))
+        if template is None:
+            template = _TEMPLATES[(status, kind, close)] = _template(status, kind, b"", close)
+        return template % length
+    return _template(status, kind, b"".join(b"%s: %s\r\n" % pair for pair in headers), close) % length
+
+
+def _template(status: int, kind: bytes, extra: bytes, close: bool) -> bytes:
+    """A response head with `%d` where its content length goes."""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %%d\r\n%s%s\r\n"
+            % (status, _REASONS.get(status, b""), kind, extra.replace(b"%", b"%%"),
+               b"connection: close\r\n" if close else b""))

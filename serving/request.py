@@ -70,6 +70,11 @@ def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType],
     """Entity rows as columns, checked against the join keys and request fields (on-demand views' inputs, carried
     beside the join keys as Feast does) the plan needs; returns the join key columns, the row count and the
     request field columns."""
+    if not request_fields and len(join_keys) == 1 and type(entity_rows) is dict and len(entity_rows) == 1:
+        (key, values), = entity_rows.items()  # the usual request: one join key, its column
+        if type(values) is list and key in join_keys:
+            _check_values(key, join_keys[key], values)
+            return {key: values[:]}, len(values), {}
     columns = _as_columns(entity_rows)
     request_fields = request_fields or {}
     if columns.keys() != join_keys.keys() | request_fields.keys():

@@ -56,7 +56,11 @@ class LatencyHistogram:
 
     def record_ns(self, ns: int) -> None:
         us = ns // 1000
-        self.counts[bucket_of(us)] += 1
+        self.add(us, bucket_of(us))
+
+    def add(self, us: int, bucket: int) -> None:
+        """Count `us`, whose bucket (`bucket_of(us)`) the caller knows: one reckoning for several histograms."""
+        self.counts[bucket] += 1
         self.total += 1
         self.sum_us += us
         if us > self.max_us:
@@ -144,15 +148,17 @@ class ServerStats:
         return counts
 
     def record(self, endpoint: str, status: int, ns: int, service: Optional[str] = None) -> None:
+        us = ns // 1000
+        bucket = bucket_of(us)
         hist = self.endpoints.get(endpoint)
         if hist is None:
             hist = self.endpoints[endpoint] = LatencyHistogram()
-        hist.record_ns(ns)
+        hist.add(us, bucket)
         if service is not None:
             hist = self.services.get(service)
             if hist is None:
                 hist = self.services[service] = LatencyHistogram()
-            hist.record_ns(ns)
+            hist.add(us, bucket)
         key = (endpoint, status)
         self.responses[key] = self.responses.get(key, 0) + 1
 

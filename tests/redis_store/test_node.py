@@ -1,8 +1,10 @@
 """The sync client's connection: a short busy poll, then poll(2) up to the timeout; large commands and replies
-cross the non-blocking socket whole."""
+cross the non-blocking socket whole. The async node's `submit`: replies handed to a function from the reply's own
+callback, in order, a function that raises kept out of the connection, the timeout's failure handed over too."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -12,7 +14,7 @@ import hiredis
 import pytest
 
 from redis_store.errors import RedisUnavailableError
-from redis_store.node import SyncNode
+from redis_store.node import AsyncNode, SyncNode
 from redis_store.settings import RedisSettings
 
 
@@ -66,3 +68,47 @@ def test_large_commands_and_replies_cross_whole(local_services):
     finally:
         node.execute([hiredis.pack_command((b"DEL", key))])
         node.close()
+
+
+@pytest.mark.integration
+def test_submitted_replies_reach_their_functions_in_order(local_services):
+    host, port = local_services.redis_host_port
+    key = f"soon_{uuid.uuid4().hex}".encode()
+
+    async def scenario() -> list:
+        node = AsyncNode(RedisSettings(((host, port),), timeout_s=5.0), (host, port))
+        await node.ping()  # opens the connection: `submit` needs an open one
+        answered: list = []
+        done = asyncio.get_running_loop().create_future()
+
+        def broken(replies, error):
+            raise RuntimeError("a bug in the answering code")
+
+        node.submit([hiredis.pack_command((b"SET", key, b"1"))], lambda replies, error: answered.append(replies))
+        node.submit([hiredis.pack_command((b"GET", key))], broken)  # logged; the next one is still answered
+        node.submit([hiredis.pack_command((b"GET", key)), hiredis.pack_command((b"DEL", key))],
+                    lambda replies, error: (answered.append(replies), done.set_result(error)))
+        assert await asyncio.wait_for(done, 5) is None
+        assert node.is_open()
+        await node.close()
+        return answered
+
+    assert asyncio.run(scenario()) == [[b"OK"], [b"1", 1]]
+
+
+def test_a_submitted_read_without_reply_gets_the_timeout_error():
+    server, (host, port) = _fake_redis(answer_after_s=None)
+
+    async def scenario() -> BaseException:
+        node = AsyncNode(RedisSettings(((host, port),), timeout_s=0.2), (host, port))
+        await node._connection()
+        failed = asyncio.get_running_loop().create_future()
+        node.submit([hiredis.pack_command((b"PING",))], lambda replies, error: failed.set_result((replies, error)))
+        replies, error = await asyncio.wait_for(failed, 2)
+        await node.close()
+        assert replies is None
+        return error
+
+    with server:
+        with pytest.raises(RedisUnavailableError, match="did not answer within 0.2s"):
+            raise asyncio.run(scenario())

@@ -117,14 +117,15 @@ class OnDemandUdf:
         no columns built around the call (the online 1-entity request)."""
         try:
             if self.mode == "python":
-                row = self._checked(self.fn(dict(zip(self.inputs, values))), "values")
-                result = {name: [row[name]] for name in self.outputs}
+                result = self._checked(self.fn(dict(zip(self.inputs, values))), "values")
             else:
                 result = self.fn({name: read([value]) for (name, read), value in zip(self._readers, values)})
         except TransformationError:
             raise
         except Exception as exc:
             raise self._raised(exc) from exc
+        if self.mode == "python":  # a value each: `convert` is what `column` does to a list of one value
+            return [output.convert(self.view, name, result[name]) for name, output in self._writers]
         result = self._checked(result, "columns")
         return [output.column(self.view, name, result[name], 1)[0] for name, output in self._writers]
 

@@ -160,14 +160,18 @@ def test_one_row_gives_what_a_column_of_one_row_gives(fn, mode):
     assert udf.run_row(list(rows[0].values())) == first
 
 
-@pytest.mark.parametrize("fn, message", [
-    (lambda inputs: [1], r"the transformation returned list; return a dict of output columns"),
-    (lambda inputs: inputs["y"], r"the transformation raised KeyError: 'y'"),
-    (lambda inputs: {"out": np.array([1.5, 2.0])}, r"output `out` has 2 values for 1 rows"),
-    (lambda inputs: {"out": ["x"]}, r"output `out` holds str 'x'; it is declared float64"),
+@pytest.mark.parametrize("fn, mode, message", [
+    (lambda inputs: [1], "numpy", r"the transformation returned list; return a dict of output columns"),
+    (lambda inputs: inputs["y"], "numpy", r"the transformation raised KeyError: 'y'"),
+    (lambda inputs: {"out": np.array([1.5, 2.0])}, "numpy", r"output `out` has 2 values for 1 rows"),
+    (lambda inputs: {"out": ["x"]}, "numpy", r"output `out` holds str 'x'; it is declared float64"),
+    (lambda row: [1], "python", r"the transformation returned list; return a dict of output values"),
+    (lambda row: {}, "python", r"the transformation returned no `out`; it returned nothing"),
+    (lambda row: {"out": "x"}, "python", r"output `out` holds str 'x'; it is declared float64"),
+    (lambda row: {"out": True}, "python", r"output `out` holds bool True; it is declared float64"),
 ])
-def test_one_row_fails_as_a_column_of_one_row_fails(fn, message):
-    udf = OnDemandUdf(fn, "numpy", {"x": "float64"}, {"out": "float64"}, "v")
+def test_one_row_fails_as_a_column_of_one_row_fails(fn, mode, message):
+    udf = OnDemandUdf(fn, mode, {"x": "float64"}, {"out": "float64"}, "v")
     for run in (lambda: udf.run({"x": [1.0]}, 1), lambda: udf.run_row([1.0])):
         with pytest.raises(TransformationError, match=r"on-demand view `v`: " + message):
             run()

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import linecache
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -107,10 +108,30 @@ class OnDemandUdf:
         except TransformationError:
             raise
         except Exception as exc:  # the user's code: any failure is reported with its view
-            raise TransformationError(f"on-demand view `{self.view}`: the transformation raised "
-                                      f"{type(exc).__name__}: {exc}; fix the function (missing values are NaN "
-                                      "or None)") from exc
+            raise self._raised(exc) from exc
         return self._outputs(result, rows)
+
+    def run_row(self, values: Sequence[Any]) -> list[Any]:
+        """One row: its input values in `inputs` order (None when missing) -> its output values in `outputs` order.
+        What `run` computes for a one-row column of each input, through the same readers and output checks, with
+        no columns built around the call (the online 1-entity request)."""
+        try:
+            if self.mode == "python":
+                result = self._checked(self.fn(dict(zip(self.inputs, values))), "values")
+            else:
+                result = self.fn({name: read([value]) for (name, read), value in zip(self._readers, values)})
+        except TransformationError:
+            raise
+        except Exception as exc:
+            raise self._raised(exc) from exc
+        if self.mode == "python":  # a value each: `convert` is what `column` does to a list of one value
+            return [output.convert(self.view, name, result[name]) for name, output in self._writers]
+        result = self._checked(result, "columns")
+        return [output.column(self.view, name, result[name], 1)[0] for name, output in self._writers]
+
+    def _raised(self, exc: Exception) -> TransformationError:
+        return TransformationError(f"on-demand view `{self.view}`: the transformation raised {type(exc).__name__}: "
+                                   f"{exc}; fix the function (missing values are NaN or None)")
 
     def _run_rows(self, columns: Mapping[str, Column]) -> dict[str, list]:
         names = list(self.inputs)
@@ -198,16 +219,19 @@ class _Output:
     convert: Callable[[str, str, Any], Any]
 
     def column(self, view: str, name: str, value: Any, rows: int) -> list:
-        if hasattr(value, "to_numpy"):  # a pandas Series
-            value = value.to_numpy()
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-            value = [value] * rows
-        elif len(value) != rows:
+        if type(value) is not np.ndarray and type(value) is not list:  # the usual columns skip these checks
+            if hasattr(value, "to_numpy"):  # a pandas Series
+                value = value.to_numpy()
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+                value = [value] * rows
+        if len(value) != rows:
             raise TransformationError(f"on-demand view `{view}`: output `{name}` has {len(value)} values for "
                                       f"{rows} rows; return one value per row (or a scalar)")
         if isinstance(value, np.ndarray):
-            if value.dtype.kind in self.array_kinds and value.dtype != np.uint64:
-                return _without_nan(value.astype(np.float64).tolist()) if self.list_type is float else value.tolist()
+            if value.dtype.kind in self.array_kinds and value.dtype != _UINT64:
+                if self.list_type is float:
+                    return _without_nan((value if value.dtype == _FLOAT64 else value.astype(np.float64)).tolist())
+                return value.tolist()
             value = value.tolist()
         elif set(map(type, value)) <= {self.list_type}:
             if self.list_type is float:
@@ -269,5 +293,6 @@ def _str(view: str, name: str, value: Any) -> str | None:
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+_UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
 _OUTPUTS = {ValueType.FLOAT64: _Output("fiub", float, _float), ValueType.INT64: _Output("iu", int, _int),
             ValueType.BOOL: _Output("b", bool, _bool), ValueType.STRING: _Output("", str, _str)}

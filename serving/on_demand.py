@@ -30,6 +30,7 @@ class OnDemandSpec:
     request: dict[str, Optional[ValueType]]  # request fields, from the entity rows
     fingerprint: tuple  # mode and registered source: two specs that compare equal compute the same
     run: Runner = field(compare=False, repr=False)
+    udf: Optional[OnDemandUdf] = field(default=None, compare=False, repr=False)  # featurectl's: its inputs typed
 
 
 def on_demand_spec(odfv: Any, value_type: Callable[[Any], Optional[ValueType]]) -> Optional[OnDemandSpec]:
@@ -53,9 +54,10 @@ def on_demand_spec(odfv: Any, value_type: Callable[[Any], Optional[ValueType]]) 
     request = {f.name: value_type(f.dtype) for source in loaded.source_request_sources.values()
                for f in source.schema}
     udf = transformation.udf
-    run = udf.run if isinstance(udf, OnDemandUdf) else _feast_runner(loaded.name, loaded.mode, loaded.singleton,
-                                                                      udf, outputs)
     fingerprint = (loaded.mode, loaded.singleton, transformation.udf_string or id(udf))
+    if isinstance(udf, OnDemandUdf):
+        return OnDemandSpec(loaded.name, outputs, inputs, request, fingerprint, udf.run, udf)
+    run = _feast_runner(loaded.name, loaded.mode, loaded.singleton, udf, outputs)
     return OnDemandSpec(loaded.name, outputs, inputs, request, fingerprint, run)
 
 
@@ -91,21 +93,42 @@ def _column(view: str, name: str, value: Any, kind: Optional[ValueType], rows: i
 
 @dataclass
 class OnDemandRead:
-    """The requested features of one on-demand view, and where its inputs are among the decoded columns."""
+    """The requested features of one on-demand view, and where its inputs are among the decoded columns. Built
+    once per plan: for a featurectl view, which column feeds each input of its function (`sources`) and which
+    output answers each requested feature (`picks`), so that a request only looks values up."""
 
     spec: OnDemandSpec
     names: list[str]  # output names, in the order they were requested
     features: list[str]  # the view's features behind them
-    inputs: list[tuple[str, str]] = field(default_factory=list)  # (name the function sees, key of decoded values)
+    inputs: list[tuple[str, str]]  # (name the function sees, key of decoded values)
+    sources: list[tuple[bool, str]] = field(init=False)  # per input of `spec.udf`: (a request field?, its key)
+    picks: list[int] = field(init=False)  # per requested feature: its position among `spec.udf`'s outputs
+
+    def __post_init__(self) -> None:
+        udf = self.spec.udf
+        stored = dict(self.inputs)
+        self.sources = [(name not in stored, stored.get(name, name)) for name in udf.inputs] if udf else []
+        self.picks = [list(udf.outputs).index(feature) for feature in self.features] if udf else []
 
     def apply(self, values: dict[str, list], rows_of: dict[str, ViewRows], entities: dict[str, list],
               request: dict[str, list], rows: int) -> None:
         """Compute the features over all rows and add them to `values` (PRESENT, or NULL_VALUE where None)."""
-        columns = {**entities, **request}
-        for name, key in self.inputs:
-            columns[name] = values[key]
-        out = self.spec.run(columns, rows)
+        udf = self.spec.udf
         computed = ViewRows((None,) * rows, [], [])  # no event time: Feast answers the epoch too
+        if udf is not None and rows == 1:  # the usual online call: the function on one row's values
+            row = udf.run_row([(request if asked else values)[key][0] for asked, key in self.sources])
+            for name, pick in zip(self.names, self.picks):
+                values[name] = [row[pick]]
+                rows_of[name] = computed
+            return
+        if udf is not None:
+            out = udf.run({name: (request if asked else values)[key] for name, (asked, key) in
+                           zip(udf.inputs, self.sources)}, rows)
+        else:  # a function written for Feast sees every column, as Feast passes them
+            columns = {**entities, **request}
+            for name, key in self.inputs:
+                columns[name] = values[key]
+            out = self.spec.run(columns, rows)
         for name, feature in zip(self.names, self.features):
             values[name] = out[feature]
             rows_of[name] = computed

@@ -175,8 +175,7 @@ def _value_key(view: str, feature: str, hidden: set[tuple[str, str]], full_featu
 def _on_demand_read(catalog: Catalog, spec: OnDemandSpec, wanted: list[str], stored: dict,
                     hidden: set[tuple[str, str]], full_feature_names: bool) -> OnDemandRead:
     """The read of one on-demand view; the stored features it needs join `stored` (unrequested ones: `hidden`)."""
-    names = [f"{spec.name}__{f}" if full_feature_names else f for f in wanted]
-    read = OnDemandRead(spec, names, list(wanted))
+    inputs: list[tuple[str, str]] = []
     for view_name, alias, features in spec.inputs:
         view = catalog.views.get(view_name)
         if view is None or any(f not in view.features for f in features):
@@ -190,8 +189,9 @@ def _on_demand_read(catalog: Catalog, spec: OnDemandSpec, wanted: list[str], sto
                 requested.append(feature)
                 hidden.add((view_name, feature))
             key = _value_key(view_name, feature, hidden, full_feature_names)
-            read.inputs += [(feature, key), (f"{alias}__{feature}", key)]
-    return read
+            inputs += [(feature, key), (f"{alias}__{feature}", key)]
+    names = [f"{spec.name}__{f}" if full_feature_names else f for f in wanted]
+    return OnDemandRead(spec, names, list(wanted), inputs)
 
 
 def _request_fields(reads: list[OnDemandRead], join_keys: dict[str, ValueType]) -> dict[str, Optional[ValueType]]:

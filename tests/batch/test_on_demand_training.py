@@ -60,6 +60,26 @@ def headline(row):
     title = row["title"] or "untitled"
     boost = None if row["featured"] is None else (2 if row["featured"] else 1)
     return {"headline": f"{title} x{row['quantity']} {row['coupon']}".strip(), "boost": boost}
+
+
+gift = RequestFields("gift", {"wrapped": Bool, "budget": Float64, "note": String, "copies": Int64})
+
+
+@on_demand(sources=[listings[["price", "stock", "title", "featured"]], gift],
+           schema={"cost": Float64, "over_budget": Bool, "spare": Int64, "card": String})
+def gift_check(inputs):
+    cost = inputs["price"] * inputs["copies"] + np.where(inputs["wrapped"], 2.5, 0.0)
+    return {"cost": cost, "over_budget": cost > inputs["budget"], "spare": inputs["stock"] - inputs["copies"],
+            "card": [f"{t}/{n}/{f}" for t, n, f in zip(inputs["title"], inputs["note"], inputs["featured"])]}
+
+
+@on_demand(sources=[listings[["stock", "title", "featured"]], gift],
+           schema={"gift_spare": Int64, "gift_card": String, "gift_ok": Bool}, mode="python")
+def gift_row(row):
+    stock, copies = row["stock"], row["copies"]
+    return {"gift_spare": None if stock is None else stock - copies,
+            "gift_card": f"{row['title']}/{row['note']}/{row['featured']}/{row['wrapped']}",
+            "gift_ok": None if stock is None else stock >= copies and row["budget"] > 0}
 '''
 OUTPUTS = ["checkout:total", "checkout:enough_stock", "checkout:units_after", "headline:headline",
            "headline:boost", "listings:price"]
@@ -143,6 +163,34 @@ def test_training_rows_equal_what_the_online_sdk_serves(stored):
     assert None in online["boost"] and {1, 2} <= set(online["boost"]) and "untitled x0 HALF" in online["headline"]
     stale = [i for i in range(400) if rows["item_id"][i] == 0 and rows["shop_id"][i] in SHOPS]
     assert stale and all(online["price"][i] is None and online["total"][i] is None for i in stale)
+
+
+def test_one_row_calls_compute_what_training_computes_for_request_values_of_each_type(stored):
+    """The online 1-entity call runs the function on one row's values (`OnDemandUdf.run_row`): each of these
+    rows, asked alone, gets what the training set computes for it. Request fields of every declared type (bool,
+    float64, string, int64; negative, zero, huge, unicode, empty), stored inputs of four types, missing and stale
+    entities, both modes."""
+    repo, cfg, definitions = stored
+    rng = np.random.default_rng(11)
+    rows = {**{k: v for k, v in _entity_rows(60, seed=12).items() if k in ("shop_id", "item_id")},
+            "wrapped": [bool(b) for b in rng.random(60) < 0.5],
+            "budget": [float(rng.choice([-1.5, 0.0, 40.0, 1e300])) for _ in range(60)],
+            "note": [str(rng.choice(["", "für dich ✓", "x" * 300])) for _ in range(60)],
+            "copies": [int(rng.choice([0, 3, -2, 1 << 40])) for _ in range(60)]}
+    outputs = ["gift_check:cost", "gift_check:over_budget", "gift_check:spare", "gift_check:card",
+               "gift_row:gift_spare", "gift_row:gift_card", "gift_row:gift_ok"]
+    with OnlineClient.from_repo(repo) as client:
+        single = [client.get_features(outputs, {k: [v[i]] for k, v in rows.items()}) for i in range(60)]
+    entities = pa.table({**rows, EVENT_TIMESTAMP: pa.array([NOW] * 60, pa.timestamp("ms", "UTC"))})
+    training = training_table(entities, outputs, definitions, cfg.data_dir)
+    for ref in outputs:
+        name = ref.split(":")[1]
+        assert [s[name][0] for s in single] == training.column(name).to_pylist(), name
+    # the rows reached the shapes: entities never seen or past the ttl, missing stored values, each request type
+    spare = [s["spare"][0] for s in single]
+    assert None in spare and any(v is not None and v > 1 << 39 for v in [-x for x in spare if x is not None])
+    assert {True, False} <= {s["over_budget"][0] for s in single}
+    assert any("None/" in s["card"][0] for s in single) and any("/für dich ✓/" in s["gift_card"][0] for s in single)
 
 
 def test_the_pandas_sdk_gives_the_same_values_with_nullable_types(stored):

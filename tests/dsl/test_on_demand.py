@@ -120,6 +120,63 @@ def test_a_function_that_raises_or_returns_no_dict_is_an_error_naming_the_view()
         OnDemandUdf(lambda inputs: inputs["y"], "numpy", {"x": "float64"}, {"out": "float64"}, "v").run({"x": [1]}, 1)
 
 
+ONE_ROW_INPUTS = {"s": "string", "i32": "int32", "i64": "int64", "f32": "float32", "f64": "float64", "b": "bool"}
+# per input: values of its type, None (missing) and the edges (NaN, the int64 limits, unicode, empty)
+ONE_ROW_VALUES = {"s": ["ünï ✓", "", None], "i32": [-(1 << 31), 0, None], "i64": [(1 << 63) - 1, -7, None],
+                  "f32": [1.5, float("nan"), None], "f64": [-0.0, 1e300, None], "b": [True, False, None]}
+
+
+def _every_input(inputs):
+    """Reads each input the way a numpy-mode function does: arithmetic, comparisons, iteration; and says which
+    dtypes it got."""
+    dtypes = ",".join(str(inputs[name].dtype) for name in ONE_ROW_INPUTS)
+    return {"text": [f"{s}|{b}|{dtypes}" for s, b in zip(inputs["s"], inputs["b"])],
+            "total": inputs["i32"] + inputs["f32"] * inputs["f64"],
+            "big": inputs["i64"] // 2 if inputs["i64"].dtype == np.int64 else inputs["i64"],
+            "flag": (inputs["f64"] > 0) | (inputs["b"] == True)}  # noqa: E712: elementwise
+
+
+def _every_input_row(row):
+    f32, f64 = row["f32"], row["f64"]
+    return {"text": f"{row['s']}|{row['b']}", "total": None if None in (row["i32"], f32, f64) else
+            row["i32"] + f32 * f64, "big": None if row["i64"] is None else row["i64"] // 2,
+            "flag": None if row["b"] is None else bool(f64 is not None and f64 > 0) or row["b"]}
+
+
+@pytest.mark.parametrize("fn, mode", [(_every_input, "numpy"), (_every_input_row, "python")])
+def test_one_row_gives_what_a_column_of_one_row_gives(fn, mode):
+    """`run_row` (the online 1-entity call) computes what `run` (many rows, training sets) computes for the same
+    row, for inputs of every type holding values, missing values and the edges."""
+    udf = OnDemandUdf(fn, mode, ONE_ROW_INPUTS, {"text": "string", "total": "float64", "big": "int64",
+                                                 "flag": "bool"}, "v")
+    rows = [dict(zip(ONE_ROW_VALUES, values)) for values in zip(*ONE_ROW_VALUES.values())]
+    rows += [{**rows[0], name: None} for name in ONE_ROW_INPUTS]  # one input missing at a time
+    for row in rows:
+        columns = udf.run({name: [value] for name, value in row.items()}, 1)
+        assert udf.run_row(list(row.values())) == [columns[name][0] for name in udf.outputs], row
+    first = ["ünï ✓|True", -(1 << 31) - 0.0, ((1 << 63) - 1) // 2, True]
+    if mode == "numpy":
+        first[0] += "|object,int64,int64,float64,float64,bool"
+    assert udf.run_row(list(rows[0].values())) == first
+
+
+@pytest.mark.parametrize("fn, mode, message", [
+    (lambda inputs: [1], "numpy", r"the transformation returned list; return a dict of output columns"),
+    (lambda inputs: inputs["y"], "numpy", r"the transformation raised KeyError: 'y'"),
+    (lambda inputs: {"out": np.array([1.5, 2.0])}, "numpy", r"output `out` has 2 values for 1 rows"),
+    (lambda inputs: {"out": ["x"]}, "numpy", r"output `out` holds str 'x'; it is declared float64"),
+    (lambda row: [1], "python", r"the transformation returned list; return a dict of output values"),
+    (lambda row: {}, "python", r"the transformation returned no `out`; it returned nothing"),
+    (lambda row: {"out": "x"}, "python", r"output `out` holds str 'x'; it is declared float64"),
+    (lambda row: {"out": True}, "python", r"output `out` holds bool True; it is declared float64"),
+])
+def test_one_row_fails_as_a_column_of_one_row_fails(fn, mode, message):
+    udf = OnDemandUdf(fn, mode, {"x": "float64"}, {"out": "float64"}, "v")
+    for run in (lambda: udf.run({"x": [1.0]}, 1), lambda: udf.run_row([1.0])):
+        with pytest.raises(TransformationError, match=r"on-demand view `v`: " + message):
+            run()
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"sources": [ITEMS[["price"]], RequestFields("r", {"price": Float64})]}, DuplicateNameError,
      r"input `price` comes from both feature view `items` and request fields `r`"),

@@ -5,7 +5,8 @@ entity rows (`rows_per_second`) lasts, where the stride is last second's rows ov
 spreads over the second rather than taking its first requests. A one-row answer is kept as one flat tuple of its
 Redis replies (references, nothing decoded) and which of its views served a value: a tuple of bytes and an int,
 which the garbage collector stops tracking at its first look, so the sample adds no objects to its later
-collections (kept as lists and dicts, the second's sample tripled the cost of each young-generation collection).
+collections (kept as lists and dicts, a second's sample made each collection of generation 1 about four times as
+long, and brought full collections).
 A larger answer is kept as the response already built. Once a second a background task takes the sample and
 works through it in steps of at most `STEP_ROWS` rows gathered or `STEP_VALUES` values decoded and binned,
 handing the event loop back after each step, so that no request waits behind it for more than one step: it

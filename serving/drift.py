@@ -2,13 +2,18 @@
 
 The request path only hands a sample of its responses over: one request in `stride`, while this second's budget of
 entity rows (`rows_per_second`) lasts, where the stride is last second's rows over the budget, so that the sample
-spreads over the second rather than taking its first requests. A one-row answer is kept as its Redis replies
-(a tuple of references, nothing decoded); a larger one as the response already built. Once a second a background
-task takes the list, gathers the values of each profiled feature across the responses (in slices, handing the
-event loop back between them), then per feature decodes the kept replies' values in one call, puts the values in the
-profile's bins in one numpy call and keeps the bins of the last `window` values served (a ring buffer with running
-counts), handing the event loop back between features. At scrape time each feature's PSI against its profile is a sum
-over about ten bins.
+spreads over the second rather than taking its first requests. A one-row answer is kept as one flat tuple of its
+Redis replies (references, nothing decoded) and which of its views served a value: a tuple of bytes and an int,
+which the garbage collector stops tracking at its first look, so the sample adds no objects to its later
+collections (kept as lists and dicts, a second's sample made each collection of generation 1 about four times as
+long, and brought full collections).
+A larger answer is kept as the response already built. Once a second a background task takes the sample and
+works through it in steps of at most `STEP_ROWS` rows gathered or `STEP_VALUES` values decoded and binned,
+handing the event loop back after each step, so that no request waits behind it for more than one step: it
+gathers the values of each profiled feature across the sample, then per feature decodes the kept replies' values,
+puts them in the profile's bins (one numpy call a step) and keeps the bins of the last `window` values served (a
+ring buffer with running counts). At scrape time each feature's PSI against its profile is a sum over about ten
+bins.
 
 Profiles are the latest backfill's of each view (`common.quality_log`), read from the registry database at start
 and every `refresh_s` on a worker thread; when a newer backfill brings new bins, that feature's window starts
@@ -20,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Union
+from itertools import accumulate, chain
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -36,29 +42,26 @@ logger = logging.getLogger(__name__)
 ROWS_PER_SECOND = 256
 WINDOW = 10_000
 REFRESH_S = 60.0
-SLICE = 64  # responses gathered between two returns to the event loop
+STEP_ROWS = 16  # sampled rows gathered in one step of the drain
+STEP_VALUES = 128  # values decoded and binned in one step of the drain
 
-
-class SampledRow(NamedTuple):
-    """A one-row answer as the request path keeps it: its plan's writer, its Redis replies and each view's row
-    (missing or stale rows served no value)."""
-
-    answer: RowAnswer
-    replies: list
-    views: Mapping[str, ViewRows]
-
-
-Sampled = Union[OnlineFeatures, SampledRow]
 Kept = dict[tuple[str, str], tuple[Callable, list]]  # (view, feature) -> its decoder, raw values of kept replies
+Shape = tuple[Any, RowAnswer]  # the features asked (a service name or a tuple of refs) and the plan's writer
 
 
-def _values(key: tuple[str, str], gathered: dict[tuple[str, str], list], kept: Kept) -> list:
-    """The values gathered of one feature: those of built responses, then those of kept replies, decoded here."""
-    values = gathered.get(key, [])
-    if key in kept:
-        decode, raws = kept[key]
-        values.extend(decode(raws))
-    return values
+class KeptRows:
+    """The one-row answers of one request shape kept this second: where each group of replies starts in a kept
+    row, each view's bit, and the rows, each `(*replies, served)` where a view's bit is set in `served` when it
+    served a value (its row neither missing nor stale)."""
+
+    def __init__(self, replies: list, views: Mapping[str, ViewRows]):
+        self.starts = list(accumulate((len(group) for group in replies[:-1]), initial=0))
+        self.bits = {view: bit for bit, view in enumerate(views)}
+        self.rows: list[tuple] = []
+
+
+def _rows(response: OnlineFeatures) -> int:
+    return len(next(iter(response.entities.values()), ()))
 
 
 class ServedWindow:
@@ -100,7 +103,9 @@ class DriftMonitor:
         self.rows_per_second, self.window, self.refresh_s = rows_per_second, window, refresh_s
         self.profiles: dict[str, dict[str, FeatureProfile]] = {}
         self.windows: dict[tuple[str, str], ServedWindow] = {}
-        self.pending: list[tuple[Any, Sampled]] = []
+        self.pending: list[tuple[Any, OnlineFeatures]] = []  # larger answers, as built
+        self.kept: dict[Shape, KeptRows] = {}  # one-row answers, by request shape
+        self.ungathered = 0  # rows of the drain under way not gathered yet
         self.budget = rows_per_second
         self.stride = 1  # rows seen between two samples
         self.seen = 0  # rows seen this second
@@ -118,55 +123,76 @@ class DriftMonitor:
     def offer(self, features: Any, response: OnlineFeatures) -> None:
         """On the request path: keep the response for the next drain while this second's budget lasts."""
         if self.budget > 0:
-            self.budget -= len(next(iter(response.entities.values()), ()))
+            self.budget -= _rows(response)
             self.pending.append((features, response))
 
     def offer_row(self, features: Any, answer: RowAnswer, replies: list, views: Mapping[str, ViewRows]) -> None:
         """`offer` for a one-row answer written by `answer`: its replies are decoded by the drain, not here."""
         if self.budget > 0:
             self.budget -= 1
-            self.pending.append((features, SampledRow(answer, replies, views)))
+            shape = (features if isinstance(features, str) else tuple(features), answer)
+            kept = self.kept.get(shape)
+            if kept is None:
+                kept = self.kept[shape] = KeptRows(replies, views)
+            served = 0
+            for bit, rows in enumerate(views.values()):
+                if not rows.missing and not rows.stale:
+                    served |= 1 << bit
+            kept.rows.append((*chain.from_iterable(replies), served))
 
     def drain(self, catalog: Catalog) -> None:
-        """Bin what was sampled since the last drain and renew the budget (at once; `run` does it in slices)."""
-        gathered: dict[tuple[str, str], list] = {}
-        kept: Kept = {}
-        self.gather(catalog, self.take(), gathered, kept)
-        for key in dict.fromkeys([*gathered, *kept]):
-            self._window(*key).add(_values(key, gathered, kept))
+        """Bin what was sampled since the last drain and renew the budget (at once; `run` does it in steps)."""
+        for _ in self.drain_steps(catalog):
+            pass
 
-    def take(self) -> list[tuple[Any, Sampled]]:
-        """The responses sampled since the last call; the budget starts again, the stride follows the rows seen."""
-        taken, self.pending, self.budget = self.pending, [], self.rows_per_second
+    def take(self) -> tuple[list[tuple[Any, OnlineFeatures]], dict[Shape, KeptRows]]:
+        """The answers sampled since the last call; the budget starts again, the stride follows the rows seen."""
+        taken = self.pending, self.kept
+        self.pending, self.kept, self.budget = [], {}, self.rows_per_second
         self.stride, self.seen, self.due = max(1, self.seen // self.rows_per_second), 0, 0
         return taken
 
-    def gather(self, catalog: Catalog, responses: list[tuple[Any, Sampled]], into: dict[tuple[str, str], list],
-               kept: Kept) -> None:
-        """Append the values of each profiled feature of `responses` to `into[(view, feature)]`, those of kept
-        replies still encoded to `kept[(view, feature)]` (decoded by `_values`, one call per feature)."""
-        targets: dict[tuple, list] = {}  # per request shape: what to pick, and where to put it
+    def drain_steps(self, catalog: Catalog) -> Iterator[None]:
+        """`drain` in steps, yielding after each: at most `STEP_ROWS` rows gathered, or `STEP_VALUES` values of one
+        feature decoded and binned."""
+        responses, kept_rows = self.take()
+        gathered: dict[tuple[str, str], list] = {}
+        kept: Kept = {}
+        self.ungathered = sum(_rows(r) for _, r in responses) + sum(len(k.rows) for k in kept_rows.values())
+        targets: dict[tuple, list] = {}  # per request shape of built responses: what to pick, where to put it
         for features, response in responses:
-            asked = features if isinstance(features, str) else tuple(features)
-            if isinstance(response, SampledRow):
-                shape = (asked, response.answer)
-                picks = targets.get(shape)
-                if picks is None:
-                    picks = targets[shape] = self._row_picks(catalog, features, response.answer, kept)
-                replies, views = response.replies, response.views
-                for view, fields in picks:
-                    rows = views[view]
-                    if not rows.missing and not rows.stale:
-                        for group, position, raws in fields:
-                            raws.append(replies[group][position])
-                continue
-            shape = (asked, tuple(response.names))
-            picks = targets.get(shape)
+            asked = (features if isinstance(features, str) else tuple(features), tuple(response.names))
+            picks = targets.get(asked)
             if picks is None:
-                picks = targets[shape] = self._picks(catalog, features, response.names, into)
-            values = response.values
-            for name, target in picks:
-                target.extend(values[name])
+                picks = targets[asked] = self._picks(catalog, features, response.names, gathered)
+            values, rows = response.values, _rows(response)
+            for lo in range(0, rows, STEP_ROWS):
+                for name, target in picks:
+                    target.extend(values[name][lo:lo + STEP_ROWS])
+                self.ungathered -= min(STEP_ROWS, rows - lo)
+                yield
+        for (features, answer), shape in kept_rows.items():
+            picks = self._row_picks(catalog, features, answer, shape, kept)
+            for lo in range(0, len(shape.rows), STEP_ROWS):
+                step = shape.rows[lo:lo + STEP_ROWS]
+                for bit, fields in picks:
+                    for row in step:
+                        if row[-1] >> bit & 1:
+                            for at, raws in fields:
+                                raws.append(row[at])
+                self.ungathered -= len(step)
+                yield
+        for key in dict.fromkeys([*gathered, *kept]):
+            window = self._window(*key)
+            values = gathered.get(key, [])
+            for lo in range(0, len(values), STEP_VALUES):
+                window.add(values[lo:lo + STEP_VALUES])
+                yield
+            if key in kept:
+                decode, raws = kept[key]
+                for lo in range(0, len(raws), STEP_VALUES):
+                    window.add(decode(raws[lo:lo + STEP_VALUES]))
+                    yield
 
     def _picks(self, catalog: Catalog, features: Any, names: list[str],
                into: dict[tuple[str, str], list]) -> list[tuple[str, list]]:
@@ -178,16 +204,17 @@ class DriftMonitor:
                 picks.append((name, into.setdefault((view, feature), [])))
         return picks
 
-    def _row_picks(self, catalog: Catalog, features: Any, answer: RowAnswer,
-                   kept: Kept) -> list[tuple[str, list[tuple[int, int, list]]]]:
-        """Per view, where each profiled feature's value lies in the replies and the list its raw values go to."""
-        refs, _ = resolve(catalog, features)  # request order, as the writer's sources
-        per_view: dict[str, list[tuple[int, int, list]]] = {}
+    def _row_picks(self, catalog: Catalog, features: Any, answer: RowAnswer, shape: KeptRows,
+                   kept: Kept) -> list[tuple[int, list[tuple[int, list]]]]:
+        """Per view (its bit in a kept row's `served`), where each profiled feature's value lies in a kept row
+        and the list its raw values go to."""
+        refs, _ = resolve(catalog, list(features) if isinstance(features, tuple) else features)  # request order
+        per_view: dict[int, list[tuple[int, list]]] = {}
         for ref, (view, group, position, decode) in zip(refs, answer.sources()):
             feature = ref.split(":", 1)[1]
             if feature in self.profiles.get(view, ()):
                 raws = kept.setdefault((view, feature), (decode, []))[1]
-                per_view.setdefault(view, []).append((group, position, raws))
+                per_view.setdefault(shape.bits[view], []).append((shape.starts[group] + position, raws))
         return list(per_view.items())
 
     def _window(self, view: str, feature: str) -> ServedWindow:
@@ -218,19 +245,14 @@ class DriftMonitor:
             current = catalog()
             try:
                 if current is not None:
-                    await self._drain_in_slices(current)
+                    await self._drain_in_steps(current)
             except Exception:  # a bug here must not stop the server: log it, drop the sample
                 logger.exception("drift sampling failed")
 
-    async def _drain_in_slices(self, catalog: Catalog) -> None:
-        """`drain`, handing the event loop back between slices of responses and between features, so that no
-        request waits behind it for more than a slice."""
-        taken, gathered, kept = self.take(), {}, {}
-        for lo in range(0, len(taken), SLICE):
-            self.gather(catalog, taken[lo:lo + SLICE], gathered, kept)
-            await asyncio.sleep(0)
-        for key in dict.fromkeys([*gathered, *kept]):
-            self._window(*key).add(_values(key, gathered, kept))
+    async def _drain_in_steps(self, catalog: Catalog) -> None:
+        """`drain`, handing the event loop back after each of its steps, so that no request waits behind it for
+        more than a step."""
+        for _ in self.drain_steps(catalog):
             await asyncio.sleep(0)
 
     def summary(self) -> dict[str, dict[str, dict[str, Any]]]:

@@ -4,7 +4,9 @@
 `streaming.status`).
 
 The last two are read in the background every `REFRESH_S` seconds by `FreshnessMonitor`, never while a request
-waits; a scrape reads the last snapshot and computes the ages at that moment. Each worker reads for itself (one
+waits (the status files on a worker thread, only when a stream ever ran under the state folder: the thread's
+Python holds the GIL the event loop needs); a scrape reads the last snapshot and computes the ages at that
+moment. Each worker reads for itself (one
 HGETALL and a few small files per second), so whichever worker answers a scrape reports the same gauges, while
 the counters add up over the workers with the rest of `ServerStats`.
 """
@@ -22,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from redis_store.freshness import parse_record, read_command, record_key
 from serving.served_rows import ServedRows
-from streaming.status import ViewLag, view_lags
+from streaming.status import ViewLag, stream_root, view_lags
 
 if TYPE_CHECKING:
     from serving.client import AsyncOnlineClient
@@ -72,7 +74,7 @@ class FreshnessMonitor:
         [reply] = await client.redis.read([key], [read_command(catalog.project)])
         newest = parse_record(reply)
         streams: dict[str, ViewLag] = {}
-        if self.state_dir is not None:  # small files, read off the event loop
+        if self.state_dir is not None and stream_root(self.state_dir).is_dir():  # small files, read off the loop
             streams = await asyncio.get_running_loop().run_in_executor(None, view_lags, self.state_dir,
                                                                        catalog.project)
         served = catalog.views

@@ -4,7 +4,9 @@ known profiles, the window of the last values, the per-second budget of the requ
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import gc
 import json
 import math
 import re
@@ -23,7 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from dsl.types import ValueType
 from redis_store.layout import encode_value
 from serving.catalog import Catalog, FeatureSpec, ViewSpec
-from serving.drift import DriftMonitor, ServedWindow
+from serving.drift import STEP_ROWS, STEP_VALUES, DriftMonitor, ServedWindow
 from serving.plan import build_plan
 from serving.request import PreparedRequest
 from serving.result import OnlineFeatures
@@ -128,6 +130,21 @@ def test_the_sample_spreads_over_the_second_by_a_stride_of_last_second_s_rows():
 def test_a_kept_one_row_answer_is_binned_as_the_values_it_served(monkeypatch):
     """The request path keeps a one-row answer as its replies; the drain decodes them to the values `finish` gives,
     leaving out a row older than its view's ttl and a missing one."""
+    catalog, answers = kept_answers(monkeypatch)
+    kept, built = monitor(), monitor()
+    for request, row, views in answers:
+        kept.offer_row("svc", request.plan.row_answer, row, views)
+        built.offer("svc", request.finish(row))
+    kept.drain(catalog)
+    built.drain(catalog)
+    assert kept.windows[("v", "x")].filled == 3 and kept.windows[("v", "c")].filled == 4
+    for key, window in built.windows.items():
+        assert list(kept.windows[key].counts) == list(window.counts)
+
+
+def kept_answers(monkeypatch) -> tuple[Catalog, list[tuple]]:
+    """A catalog of one view `v` (x: INT64, c: STRING, ttl 60 s) and one-row answers of the service `svc`: each
+    its plan, replies and views' rows, as `answer_json` gives them (the last two older than the ttl and missing)."""
     monkeypatch.setattr("time.time", lambda: 10_000)
     features = {"x": FeatureSpec("x", ValueType.INT64, b"x"), "c": FeatureSpec("c", ValueType.STRING, b"c")}
     view = ViewSpec("v", "v", (("id", ValueType.STRING),), features, 60_000, b"_ts:v")
@@ -137,17 +154,56 @@ def test_a_kept_one_row_answer_is_binned_as_the_values_it_served(monkeypatch):
     replies = [[[encode_value(c, ValueType.STRING), encode_value(x, ValueType.INT64), fresh]] for x, c in
                ((0, "a"), (7, "b"), (3, "z"))] + [[[encode_value("a", ValueType.STRING), None, fresh]],
                                                   [[encode_value("b", ValueType.STRING), b"x", stale]], [[None] * 3]]
-    kept, built = monitor(), monitor()
+    answers = []
     for row in replies:
         request = PreparedRequest(plan, {"id": ["e"]})
-        _, views = request.answer_json(row)
-        kept.offer_row("svc", plan.row_answer, row, views)
-        built.offer("svc", request.finish(row))
-    kept.drain(catalog)
-    built.drain(catalog)
-    assert kept.windows[("v", "x")].filled == 3 and kept.windows[("v", "c")].filled == 4
-    for key, window in built.windows.items():
-        assert list(kept.windows[key].counts) == list(window.counts)
+        answers.append((request, row, request.answer_json(row)[1]))
+    return catalog, answers
+
+
+def test_a_kept_one_row_answer_leaves_nothing_for_the_garbage_collector_to_track(monkeypatch):
+    """Kept for up to a second, a sampled answer would survive young collections and weigh on older ones: it is
+    kept in objects the collector stops tracking at its first look."""
+    catalog, answers = kept_answers(monkeypatch)
+    drift = monitor()
+    for request, row, views in answers:
+        drift.offer_row(["v:c", "v:x"], request.plan.row_answer, row, views)
+    gc.collect()
+    [kept] = drift.kept.values()
+    assert len(kept.rows) == len(answers) and not any(gc.is_tracked(row) for row in kept.rows)
+
+
+def test_the_drain_hands_the_event_loop_back_after_each_step(monkeypatch):
+    """Counted, not timed: between two turns of another task on the event loop, the drain gathers at most
+    `STEP_ROWS` sampled rows and bins at most `STEP_VALUES` values, and what it bins is what `drain` at once bins."""
+    catalog, answers = kept_answers(monkeypatch)
+    stepped, at_once = monitor(rows_per_second=10_000), monitor(rows_per_second=10_000)
+    for drift in (stepped, at_once):
+        for i in range(100):
+            request, row, views = answers[i % len(answers)]
+            drift.offer_row("svc", request.plan.row_answer, row, views)
+        for _ in range(3):
+            drift.offer(["v:x", "v:c"], response(["x", "c"], {"x": list(range(150)), "c": ["a", "b", None] * 50}))
+    turns: list[tuple[int, int]] = []  # per turn of the other task: rows not gathered yet, values binned
+
+    async def other_task(done: asyncio.Future) -> None:
+        while not done.done():
+            turns.append((stepped.ungathered, sum(w.filled for w in stepped.windows.values())))
+            await asyncio.sleep(0)
+
+    async def both() -> None:
+        drain = asyncio.ensure_future(stepped._drain_in_steps(catalog))
+        await asyncio.gather(drain, other_task(drain))
+
+    asyncio.run(both())
+    at_once.drain(catalog)
+    gathered = [before[0] - after[0] for before, after in zip(turns, turns[1:])]
+    binned = [after[1] - before[1] for before, after in zip(turns, turns[1:])]
+    assert max(gathered) == STEP_ROWS and max(binned) == STEP_VALUES
+    assert sum(g > 0 for g in gathered) >= (3 * 150 + 100) // STEP_ROWS
+    assert turns[-1] == (0, sum(w.filled for w in at_once.windows.values()))
+    assert {k: list(w.counts) for k, w in stepped.windows.items()} == {
+        k: list(w.counts) for k, w in at_once.windows.items()}
 
 
 def test_an_unreadable_registry_keeps_the_last_profiles(caplog):

@@ -7,8 +7,8 @@ Columns in, columns out, one call per request over all its rows:
   a float or integer column with a missing value is float64 with NaN, a string or bool column with one is an
   object array holding None. Not a pandas DataFrame: one row through a DataFrame (built from four inputs, two
   column operations, a frame of outputs) took about 1 ms here, against about 10 us with numpy arrays.
-- mode `python`: the function gets one row at a time, a dict of Python values (None when missing), and returns a
-  dict of values.
+- mode `python`: the function gets one row at a time, a dict of Python values (None when missing, a float's NaN
+  included), and returns a dict of values.
 Outputs are checked against their declared types; NaN comes back as a missing value (None, Arrow null).
 """
 
@@ -77,6 +77,9 @@ _INPUTS: dict[ValueType, Callable[[Column], np.ndarray]] = {
     ValueType.INT64: _int_column, ValueType.FLOAT32: _float_column, ValueType.FLOAT64: _float_column}
 
 
+_FLOAT_KINDS = (ValueType.FLOAT32, ValueType.FLOAT64)
+
+
 def python_column(values: Column) -> list:
     return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
 
@@ -97,6 +100,8 @@ class OnDemandUdf:
         self.__name__ = UDF_NAME
         self._readers = [(name, _INPUTS[kind]) for name, kind in self.inputs.items()]  # per request: no lookups
         self._writers = [(name, _OUTPUTS[kind]) for name, kind in self.outputs.items()]
+        # python mode hands a float input's NaN over as None, the missing value it is online (Redis stores no NaN)
+        self._float_inputs = [i for i, kind in enumerate(self.inputs.values()) if kind in _FLOAT_KINDS]
 
     def run(self, columns: Mapping[str, Column], rows: int) -> dict[str, list]:
         """The output columns (lists of Python values) for `rows` rows of the input `columns`."""
@@ -117,6 +122,11 @@ class OnDemandUdf:
         no columns built around the call (the online 1-entity request)."""
         try:
             if self.mode == "python":
+                if self._float_inputs:
+                    values = list(values)
+                    for i in self._float_inputs:
+                        if values[i] != values[i]:
+                            values[i] = None
                 result = self._checked(self.fn(dict(zip(self.inputs, values))), "values")
             else:
                 result = self.fn({name: read([value]) for (name, read), value in zip(self._readers, values)})
@@ -136,6 +146,8 @@ class OnDemandUdf:
     def _run_rows(self, columns: Mapping[str, Column]) -> dict[str, list]:
         names = list(self.inputs)
         values = [python_column(columns[name]) for name in names]
+        for i in self._float_inputs:
+            values[i] = _without_nan(values[i])
         out: dict[str, list] = {name: [] for name in self.outputs}
         for row in zip(*values):
             result = self._checked(self.fn(dict(zip(names, row))), "values")

@@ -12,6 +12,7 @@ from math import log1p
 
 import dill
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from cli_helpers import ROOT
@@ -79,6 +80,19 @@ def test_python_mode_runs_once_per_row_with_plain_values():
 
     with pytest.raises(DefinitionError, match=r"on a sample row: .* returned no `rank`; it returned title"):
         odfv(forgets_rank, mode="python", sources=[ITEMS[["label"]]], schema={"title": String, "rank": Int64})
+
+
+def _seen(row):
+    return {"seen": repr(row["x"])}
+
+
+def test_python_mode_gets_a_float_nan_as_none_online_and_offline():
+    """Redis keeps no NaN (materialize writes it as missing), so a per-row function sees None for it online; a
+    training set's column may hold the NaN itself, and must hand the function the same None."""
+    udf = OnDemandUdf(_seen, "python", {"x": "float64"}, {"seen": "string"}, "v")
+    assert udf.run({"x": [float("nan"), None, 2.5]}, 3) == {"seen": ["None", "None", "2.5"]}
+    assert udf.run({"x": pa.array([float("nan"), 2.5], pa.float64())}, 2) == {"seen": ["None", "2.5"]}
+    assert [udf.run_row([value]) for value in (float("nan"), None, 2.5)] == [["None"], ["None"], ["2.5"]]
 
 
 def returning(value, kind: str) -> OnDemandUdf:

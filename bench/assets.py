@@ -20,7 +20,6 @@ placement group still runs 2 at a time.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import tempfile
 import time
@@ -55,30 +54,22 @@ def _loop_rate(todo, descriptor) -> float:
 
 def _ray_data_rate(todo, descriptor, workers: int) -> float:
     import ray.data
-    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from batch.assets.derive import derive_batch
-    from batch.assets.pipeline import TASK_RETRIES, block_sizes
+    from batch.assets.pipeline import TASK_RETRIES, blocks, worker_group
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     started = time.perf_counter()
-    group = placement_group([{"CPU": 1}] * workers)
-    lows = list(itertools.accumulate(block_sizes(todo.num_rows, workers), initial=0))
-    try:
-        if not group.wait(60):
-            raise click.ClickException(f"the bench's Ray did not free {workers} CPUs within 60 s for Ray Data")
-        blocks = [todo.slice(lo, hi - lo) for lo, hi in itertools.pairwise(lows)]
-        dataset = ray.data.from_blocks(blocks).map_batches(
+    with worker_group(workers) as group:
+        dataset = ray.data.from_blocks(blocks(todo, workers)).map_batches(
             derive_batch, batch_format="pyarrow", batch_size=None, fn_kwargs={"descriptor": descriptor},
             compute=ray.data.TaskPoolStrategy(size=2 * workers), num_cpus=1, max_retries=TASK_RETRIES,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group))
         derived = sum(batch.num_rows for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None))
-        return _rate(derived, time.perf_counter() - started)
-    finally:
-        remove_placement_group(group)
+    return _rate(derived, time.perf_counter() - started)
 
 
 def _ray_rate(todo, descriptor, workers: int) -> float:

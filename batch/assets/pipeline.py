@@ -31,7 +31,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -137,36 +137,51 @@ def block_sizes(n: int, workers: int) -> list[int]:
     return sizes
 
 
+def blocks(todo: pa.Table, workers: int) -> list[pa.Table]:
+    """`todo` cut into consecutive blocks of `block_sizes`."""
+    lows = itertools.accumulate(block_sizes(todo.num_rows, workers), initial=0)
+    return [todo.slice(lo, hi - lo) for lo, hi in itertools.pairwise(lows)]
+
+
+@contextlib.contextmanager
+def worker_group(workers: int) -> Iterator[Any]:
+    """A placement group of `workers` one-CPU bundles, placed before it is handed over, removed at the end."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group([{"CPU": 1}] * workers)
+    try:
+        if not group.wait(GROUP_TIMEOUT_S):
+            raise AssetPipelineError(f"the Ray cluster did not free {workers} CPUs for the workers within "
+                                     f"{GROUP_TIMEOUT_S:.0f} s: ask for fewer --workers, or wait for its other jobs")
+        yield group
+    finally:
+        remove_placement_group(group)
+
+
 def derive_assets(todo: pa.Table, descriptor: ShapeDescriptor, workers: int,
                   on_assets: Optional[Callable[[int], None]] = None) -> Iterator[pa.Table]:
     """Derived rows of every asset of `todo` (INPUT_SCHEMA), in blocks as Ray tasks finish them."""
     import ray
     import ray.exceptions
-    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    group = placement_group([{"CPU": 1}] * workers)
-    pending: list = []
-    try:
-        if not group.wait(GROUP_TIMEOUT_S):
-            raise AssetPipelineError(f"the Ray cluster did not free {workers} CPUs for the workers within "
-                                     f"{GROUP_TIMEOUT_S:.0f} s: ask for fewer --workers, or wait for its other jobs")
-        task = _derive_task().options(scheduling_strategy=PlacementGroupSchedulingStrategy(group))
-        lows = itertools.accumulate(block_sizes(todo.num_rows, workers), initial=0)
-        pending = [task.remote(todo.slice(lo, hi - lo), descriptor) for lo, hi in itertools.pairwise(lows)]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            batch = ray.get(done[0])
-            if on_assets:
-                on_assets(batch.num_rows)
-            yield batch
-    except ray.exceptions.RayError as exc:  # a task failed past its retries: nothing is written, nothing is lost
-        raise AssetPipelineError(f"a Ray task failed {TASK_RETRIES + 1} times ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0]}); nothing was written: run it again") from exc
-    finally:
-        for ref in pending:
-            ray.cancel(ref)
-        remove_placement_group(group)
+    with worker_group(workers) as group:
+        pending: list = []
+        try:
+            task = _derive_task().options(scheduling_strategy=PlacementGroupSchedulingStrategy(group))
+            pending = [task.remote(block, descriptor) for block in blocks(todo, workers)]
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                batch = ray.get(done[0])
+                if on_assets:
+                    on_assets(batch.num_rows)
+                yield batch
+        except ray.exceptions.RayError as exc:  # a task failed past its retries: nothing is written, nothing is lost
+            raise AssetPipelineError(f"a Ray task failed {TASK_RETRIES + 1} times ({type(exc).__name__}: "
+                                     f"{str(exc).splitlines()[0]}); nothing was written: run it again") from exc
+        finally:
+            for ref in pending:
+                ray.cancel(ref)
 
 
 @functools.cache

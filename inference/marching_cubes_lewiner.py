@@ -27,6 +27,7 @@ EPS = float(np.spacing(1.0))               # scikit-image's FLT_EPSILON (a doubl
 CENTER = 12                                # the edge number of the vertex inside the cube
 # Lewiner's corner k as (x, y, z), x the grid's last axis; our corner bits are (axis 0, 1, 2) = (z, y, x)
 CORNERS = ((0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1), (1, 1, 1), (0, 1, 1))
+GRID_OFFSETS = tuple((z, y, x) for x, y, z in CORNERS)  # the same corners as offsets along our grid's axes
 # corners A, B, C, D of faces 1..6 (A and C opposite)
 FACES = ((0, 4, 5, 1), (1, 5, 6, 2), (2, 6, 7, 3), (3, 7, 4, 0), (0, 3, 2, 1), (4, 7, 6, 5))
 # interior test from a reference edge e (0..11): the level's point on e = (p, q) at t, and the three edges parallel
@@ -228,14 +229,14 @@ def ambiguous_rows(t: LewinerTables, case: int, config: Tensor, v: Tensor) -> Te
 
 def corner_values(values: Tensor, cubes: Tensor, level: float) -> Tensor:
     """Corner values [M, 8] of `cubes` [M, 3] (first corners) in Lewiner's corner order, float64, less `level`."""
-    offsets = torch.tensor([(z, y, x) for x, y, z in CORNERS], device=values.device)
+    offsets = torch.tensor(GRID_OFFSETS, device=values.device)
     p = cubes[:, None, :] + offsets                                                  # [M, 8, 3]
     return values[p[..., 0], p[..., 1], p[..., 2]].double() - level
 
 
 def center_vertices(v: Tensor, cubes: Tensor) -> Tensor:
     """The inner vertex of `cubes` [M, 3]: their corners' mean weighted by 1 / |value - level| (`v` [M, 8])."""
-    offsets = torch.tensor([(z, y, x) for x, y, z in CORNERS], device=v.device, dtype=torch.float64)
+    offsets = torch.tensor(GRID_OFFSETS, device=v.device, dtype=torch.float64)
     w = 1.0 / (EPS + v.abs())
     return (cubes.double() + (w @ offsets) / w.sum(1, keepdim=True)).float()
 

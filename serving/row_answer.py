@@ -11,14 +11,17 @@ plans with on-demand views take that general path.
 from __future__ import annotations
 
 import math
+import struct
 from operator import add, getitem, itemgetter
 from typing import TYPE_CHECKING, Any, Optional
 
 import orjson
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from dsl.types import ValueType
 from redis_store.decode import ColumnDecoder
-from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, view_row
+from redis_store.layout import TAGS
+from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, rfc3339
 
 if TYPE_CHECKING:
     from serving.plan import Plan
@@ -33,9 +36,34 @@ _MAX_TEXTS = 20_000  # remembered fragments per decoder (strings and small integ
 _NULL_TEXT = b""  # a stored null's remembered fragment: the feature's result is then the view's null result
 # per decoder, a stored value's opened result (`{"values":[` and its JSON text), by its stored bytes
 _TEXTS: dict[ColumnDecoder, dict[Optional[bytes], bytes]] = {}
-# per stored event time, the ends of a present and a null result of its view: (`],"statuses":["PRESENT"],...`,
-# the whole null result)
-_ENDS: dict[bytes, tuple[bytes, bytes]] = {}
+_FLOAT_CODES = {ValueType.FLOAT64: "d", ValueType.FLOAT32: "f"}
+
+
+class _Stamp:
+    """What one stored event time means to a one-row answer, worked out once and remembered by its bytes: the ends
+    of a present and a null result of its view (`],"statuses":["PRESENT"],...`, the whole null result), the whole
+    result of a row too old, the event time in ms for the ttl check, and the view's row as served or as too old."""
+
+    __slots__ = ("ends", "stale_ends", "ms", "rows", "stale_rows")
+
+    def __init__(self, raw: Optional[bytes]):
+        stamp = rfc3339(raw).encode()
+        if raw is None:  # the entity has no row in this view: its refusal whatever the ttl
+            self.ends = self.stale_ends = (None, _NULL + _END % (NOT_FOUND.encode(), stamp))
+            self.ms = math.inf
+            self.rows = self.stale_rows = ViewRows((None,), [0], [])
+            return
+        parsed = Timestamp.FromString(raw)
+        self.ends = (_END % (b"PRESENT", stamp), _NULL + _END % (b"NULL_VALUE", stamp))
+        self.stale_ends = (None, _NULL + _END % (OUTSIDE_MAX_AGE.encode(), stamp))
+        self.ms = parsed.seconds * 1000 + parsed.nanos // 1_000_000
+        epoch = ([parsed.seconds], [parsed.nanos])
+        self.rows = ViewRows((raw,), [], [], epoch)
+        self.stale_rows = ViewRows((raw,), [], [0], epoch)
+
+
+# per stored event time (None: no row), what it means to an answer; shared by all plans, as its view's ttl is not in it
+_STAMPS: dict[Optional[bytes], _Stamp] = {None: _Stamp(None)}
 
 
 def value_json(value: Any, floating: bool) -> bytes:
@@ -72,6 +100,7 @@ class RowAnswer:
         self.groups, self.positions, self.field_views = (tuple(column) for column in zip(*(
             (g, position, view) for g, position, _, view, _, _ in self.fields))) if self.fields else ((), (), ())
         self.texts = [{} if texts is None else texts for _, _, _, _, _, texts in self.fields]
+        self.float_runs = _float_runs(plan, self.fields)
 
     def sources(self) -> list[tuple[str, int, int, ColumnDecoder]]:
         """Per output feature, in request order: its view, where its value lies in the replies (group, field) and
@@ -87,22 +116,22 @@ class RowAnswer:
         views, ends, refused = {}, [], False
         for g, ts_pos, ttl_ms, name in self.views:
             raw = replies[g][ts_pos]
-            rows = views[name] = view_row(raw, ttl_ms, now_ms)
-            if rows.missing or rows.stale:  # every feature of the view is its refusal: (None, the null result)
-                stamp = rows.timestamps()[0].encode()
-                ends.append((None, _NULL + _END % (NOT_FOUND.encode() if rows.missing else OUTSIDE_MAX_AGE.encode(),
-                                                   stamp)))
-                refused = True
-                continue
-            end = _ENDS.get(raw)
-            if end is None:
-                stamp = rows.timestamps()[0].encode()
-                end = (_END % (b"PRESENT", stamp), _NULL + _END % (b"NULL_VALUE", stamp))
-                if len(_ENDS) < _MAX_TEXTS:
-                    _ENDS[raw] = end
+            stamp = _STAMPS.get(raw)
+            if stamp is None:
+                stamp = _Stamp(raw)
+                if len(_STAMPS) < _MAX_TEXTS:
+                    _STAMPS[raw] = stamp
+            if ttl_ms and stamp.ms < now_ms - ttl_ms:
+                views[name], end = stamp.stale_rows, stamp.stale_ends
+            else:
+                views[name], end = stamp.rows, stamp.ends
             ends.append(end)
+            if end[0] is None:  # every feature of the view is its refusal: (None, the null result)
+                refused = True
         raws = list(map(getitem, map(replies.__getitem__, self.groups), self.positions))
         opened = list(map(dict.get, self.texts, raws))
+        for run in self.float_runs:
+            run.write(opened, raws)
         if None in opened:
             self._write_new(opened, raws, ends)
         dumps = orjson.dumps
@@ -130,3 +159,44 @@ class RowAnswer:
             opened[at] = _NULL_TEXT if text == b"null" else _OPEN + text
             if texts is not None and len(texts) < _MAX_TEXTS:
                 texts[raw] = opened[at]
+
+
+class _FloatRun:
+    """The float features of one type in a plan: their stored values unpacked by one `struct` call and printed by
+    one `orjson.dumps`, when each is a plain value of that type (its tag, its width); otherwise they are left to
+    `RowAnswer._write_new`, value by value."""
+
+    __slots__ = ("at", "pick", "unpack", "size", "tags")
+
+    def __init__(self, at: list[int], kind: ValueType):
+        code = _FLOAT_CODES[kind]
+        self.at = at
+        self.pick = itemgetter(*at) if len(at) > 1 else (lambda raws: (raws[at[0]],))
+        self.unpack = struct.Struct("<" + ("x" + code) * len(at)).unpack
+        width = 1 + struct.calcsize(code)
+        self.size = width * len(at)
+        self.tags = bytes((TAGS[kind],)) * len(at)
+
+    def write(self, opened: list, raws: list) -> None:
+        """Fill in the opened results of the run's features in `opened`, when every value is plain and finite."""
+        try:
+            blob = b"".join(self.pick(raws))
+        except TypeError:  # a view with no row (None)
+            return
+        if len(blob) != self.size or blob[::self.size // len(self.at)] != self.tags:
+            return
+        texts = orjson.dumps(self.unpack(blob))[1:-1].split(b",")
+        if b"null" in texts:  # NaN or an infinity: written one by one, as protobuf's JSON strings
+            return
+        for at, text in zip(self.at, texts):
+            opened[at] = _OPEN + text
+
+
+def _float_runs(plan: Plan, fields: list) -> list[_FloatRun]:
+    """The plan's float features grouped by type, as `_FloatRun`s."""
+    runs: dict[ValueType, list[int]] = {}
+    for at, name in enumerate(plan.names):
+        kind = plan.kinds[name]
+        if fields[at][4] and kind in _FLOAT_CODES:
+            runs.setdefault(kind, []).append(at)
+    return [_FloatRun(at, kind) for kind, at in runs.items()]

@@ -69,3 +69,43 @@ def test_one_row_answer_is_the_general_answer_byte_for_byte(values, activity_ts,
 def test_many_rows_take_the_general_path():
     plan = build_plan(_catalog(), ["activity:views"])
     assert PreparedRequest(plan, {"asset_id": ["a", "b"]}).answer_json([[None, None], [None, None]]) is None
+
+
+FLOATS = {"f1": ValueType.FLOAT64, "f2": ValueType.FLOAT64, "f3": ValueType.FLOAT64, "g1": ValueType.FLOAT32,
+          "g2": ValueType.FLOAT32, "n": ValueType.INT64}
+
+
+def _float_catalog() -> Catalog:
+    """Floats of both widths in one view (3 and 2), and a second view of a shorter ttl with one float."""
+    features = {name: FeatureSpec(name, kind, name.encode()) for name, kind in FLOATS.items()}
+    join_keys = (("asset_id", ValueType.STRING),)
+    views = {"wide": ViewSpec("wide", "wide", join_keys, features, 3_600_000, b"_ts:wide"),
+             "short": ViewSpec("short", "short", join_keys, {"f1": features["f1"]}, 60_000, b"_ts:short")}
+    return Catalog("proj", views, {}, version=1)
+
+
+@pytest.mark.parametrize("wide", [
+    {"f1": 0.1, "f2": -0.0, "f3": 1e300, "g1": 1.5, "g2": 3.4e38, "n": 5},
+    {"f1": 5e-324, "f2": 2.0 ** 53, "f3": -7.25, "g1": 1e-45, "g2": -2.5, "n": None},
+    {"f1": None, "f2": 1.0, "f3": math.nan, "g1": math.inf, "g2": None, "n": 0},  # nulls and non-finite values
+    {"f1": b"\x35\x00\x00\xc0\x3f", "f2": 1.0, "f3": 1.0, "g1": b"\x29" + bytes(8), "g2": 2.0, "n": 1},  # as stored
+])
+# no row, within its ttl, at its edge (kept), a millisecond past it, long past it
+@pytest.mark.parametrize("short_ts", [None, _ts(NOW_S - 10), _ts(NOW_S - 60), _ts(NOW_S - 61, 999_000_000),
+                                      _ts(NOW_S - 120)])
+def test_floats_of_a_row_are_the_general_answer_byte_for_byte(wide, short_ts, monkeypatch):
+    """Floats printed together (one unpack, one dumps per type) or, for any value not plain, one by one: the bytes
+    of the general path either way; stored bytes of another width or type are decoded as stored. The same stored
+    event time serves two views of different ttls."""
+    monkeypatch.setattr("time.time", lambda: NOW_S)
+    plan = build_plan(_float_catalog(), [*(f"wide:{name}" for name in FLOATS), "short:f1"], True)
+    stored = [value if isinstance(value, bytes) else encode_value(value, FLOATS[name]) if value is not None
+              else NULL for name, value in wide.items()]
+    replies = [[*stored, _ts(NOW_S - 10), encode_value(wide["f3"], ValueType.FLOAT64), short_ts]]
+    request = PreparedRequest(plan, {"asset_id": ["asset_1"]})
+    for _ in range(2):  # the second time from the remembered event times
+        written, views = request.answer_json(replies)
+        general = request.finish(replies)
+        assert written == orjson.dumps(general.to_feast_response())
+        assert {name: (rows.missing, rows.stale) for name, rows in views.items()} == \
+            {name: (rows.missing, rows.stale) for name, rows in general.views.items()}

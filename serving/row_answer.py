@@ -42,25 +42,30 @@ _FLOAT_CODES = {ValueType.FLOAT64: "d", ValueType.FLOAT32: "f"}
 
 class _Stamp:
     """What one stored event time means to a one-row answer, worked out once and remembered by its bytes: the ends
-    of a present and a null result of its view (`],"statuses":["PRESENT"],...`, the whole null result), the whole
-    result of a row too old, the event time in ms for the ttl check, and the view's row as served or as too old."""
+    of a present and a null result of its view (`],"statuses":["PRESENT"],...`, the whole null result), the event
+    time in ms for the ttl check and the view's row as served; `stale` gives the same for a row too old, made on
+    first use (rare)."""
 
-    __slots__ = ("ends", "stale_ends", "ms", "rows", "stale_rows")
+    __slots__ = ("raw", "stamp", "ends", "ms", "rows", "too_old")
 
     def __init__(self, raw: Optional[bytes]):
-        stamp = rfc3339(raw).encode()
+        self.raw, self.stamp, self.too_old = raw, rfc3339(raw).encode(), None
         if raw is None:  # the entity has no row in this view: its refusal whatever the ttl
-            self.ends = self.stale_ends = (None, _NULL + _END % (NOT_FOUND.encode(), stamp))
+            self.ends = (None, _NULL + _END % (NOT_FOUND.encode(), self.stamp))
             self.ms = math.inf
-            self.rows = self.stale_rows = ViewRows((None,), [0], [])
+            self.rows = ViewRows((None,), [0], [])
             return
         parsed = Timestamp.FromString(raw)
-        self.ends = (_END % (b"PRESENT", stamp), _NULL + _END % (b"NULL_VALUE", stamp))
-        self.stale_ends = (None, _NULL + _END % (OUTSIDE_MAX_AGE.encode(), stamp))
+        self.ends = (_END % (b"PRESENT", self.stamp), _NULL + _END % (b"NULL_VALUE", self.stamp))
         self.ms = parsed.seconds * 1000 + parsed.nanos // 1_000_000
-        epoch = ([parsed.seconds], [parsed.nanos])
-        self.rows = ViewRows((raw,), [], [], epoch)
-        self.stale_rows = ViewRows((raw,), [], [0], epoch)
+        self.rows = ViewRows((raw,), [], [])
+
+    def stale(self) -> tuple[tuple[None, bytes], ViewRows]:
+        """The ends and the row of a view whose row is older than its ttl."""
+        if self.too_old is None:
+            self.too_old = ((None, _NULL + _END % (OUTSIDE_MAX_AGE.encode(), self.stamp)),
+                            ViewRows((self.raw,), [], [0]))
+        return self.too_old
 
 
 # per stored event time (None: no row), what it means to an answer; shared by all plans, as its view's ttl is not in it
@@ -123,9 +128,9 @@ class RowAnswer:
                 if len(_STAMPS) < _MAX_TEXTS:
                     _STAMPS[raw] = stamp
             if ttl_ms and stamp.ms < now_ms - ttl_ms:
-                views[name], end = stamp.stale_rows, stamp.stale_ends
+                end, views[name] = stamp.stale()
             else:
-                views[name], end = stamp.rows, stamp.ends
+                end, views[name] = stamp.ends, stamp.rows
             ends.append(end)
             if end[0] is None:  # every feature of the view is its refusal: (None, the null result)
                 refused = True

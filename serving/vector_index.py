@@ -219,60 +219,27 @@ class VectorIndex:
                                     search_params={"metric_type": kind.metric, "params": self.search_params})
         return [(hit["id"], float(hit["distance"])) for hit in hits[0]]
 
-    def seal(self, view: FeatureView) -> set[int]:
+    def seal(self, view: FeatureView) -> None:
         """After a bulk load on a server: seal the view's growing segments (Milvus's flush), wait until the index
         covers them and until the query node serves them through it (Milvus hands an indexed segment over some
-        seconds after building it; until then it scans the rows), then compact them and wait for the compacted
-        segments the same way, so that searches go through the index (HNSW) and meet no compaction still to come.
-        Returns the segments the compaction replaced. Milvus Lite keeps no segments to seal."""
+        seconds after building it; until then it scans the rows), so that searches go through the index (HNSW).
+        Milvus Lite keeps no segments to seal."""
         if not self.on_server or not view.vector_features:
-            return set()
+            return
         collection, _ = self._collection(view)
-        self.client().flush(collection)
-        indexes = [f"vector_index_{field}" for field in view.vector_features]
-        self._wait_served_indexed(collection, indexes, set())
-        replaced = self._compact(collection)  # Milvus 2.3 compacts only segments with a built index
-        if replaced:
-            self._wait_served_indexed(collection, indexes, replaced)
-        return replaced
-
-    def _wait_served_indexed(self, collection: str, indexes: list[str], replaced: set[int]) -> None:
-        """Until the indexes have no rows pending and the query node serves every indexed row through them, from
-        none of the `replaced` segments."""
         client = self.client()
+        client.flush(collection)
+        indexes = [f"vector_index_{field}" for field in view.vector_features]
         deadline = time.monotonic() + SEAL_TIMEOUT_S
         while True:
             described = [client.describe_index(collection, name) for name in indexes]
             if not any(map(_pending, described)):
-                served = self.served_segments(collection)
-                indexed = sum(segment.num_rows for segment in served if segment.indexID)
-                if indexed >= max(int(one.get("indexed_rows") or 0) for one in described) and \
-                        not any(segment.segmentID in replaced for segment in served):
+                if self.served_indexed_rows(collection) >= max(int(one.get("indexed_rows") or 0) for one in described):
                     return
             if time.monotonic() > deadline:
                 raise VectorSearchError(f"Milvus at {self.location} does not serve `{collection}` through its "
                                         f"index {SEAL_TIMEOUT_S:.0f} s after its flush: see the server's log")
             time.sleep(0.2)
-
-    def _compact(self, collection: str) -> set[int]:
-        """Compact the flushed segments now and wait for it; the segments it replaced. Why now: `write` deletes each
-        key before inserting it, and Milvus 2.3 keeps those deletes even for keys it never held (94,100 on a first
-        load of 100,000 rows), so about a minute after a flush its data coordinator finds them too many, compacts
-        the segment and builds its HNSW index again: on 2 cores, 10 s of compaction and 16 s of index build while
-        searches ran (README, "Where the p99 goes"). The deletes hide no row newer than them: the same rows stay.
-        The request names the collection by id: pymilvus 2.5 names it by name, which Milvus 2.3 ignores (it then
-        compacts no segment of it)."""
-        from pymilvus.client.prepare import Prepare
-
-        connection = self.client()._get_connection()
-        collection_id = self.client().describe_collection(collection)["collection_id"]
-        answer = connection._stub.ManualCompaction(Prepare.manual_compaction(collection, False, collection_id))
-        if answer.status.code:
-            raise VectorSearchError(f"Milvus at {self.location} refused to compact `{collection}`: "
-                                    f"{answer.status.reason}")
-        connection.wait_for_compaction_completed(answer.compactionID, timeout=SEAL_TIMEOUT_S)
-        plans = connection.get_compaction_plans(answer.compactionID).plans
-        return {source for plan in plans for source in plan.sources}
 
     def served_indexed_rows(self, collection: str) -> int:
         """Rows a server's query nodes serve from segments with a built index (the rest they scan)."""

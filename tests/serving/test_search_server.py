@@ -1,6 +1,5 @@
 """Search on a Milvus server (the one `featurectl services up --milvus` runs, started here on free ports in a
-scratch folder): the project's default index there is HNSW, built over the sealed rows after `VectorIndex.seal`,
-which also compacts away the deletes our writer sent before each insert;
+scratch folder): the project's default index there is HNSW, built over the sealed rows after `VectorIndex.seal`;
 `client.search` finds numpy's exact nearest neighbours of seeded isotropic vectors at recall@10 >= 0.95, at the
 distances numpy computes for the ids found; Feast's own `retrieve_online_documents_v2` reads the same index; the
 server's metrics (`bench._milvus_metrics`) count the searches we sent.
@@ -65,8 +64,8 @@ def indexed(tmp_path_factory, local_services, milvus_uri):
         client.push("asset_shape_push", {"asset_id": [f"r{i}" for i in range(ROWS)], "category": ["x"] * ROWS,
                                          "faces": list(range(ROWS)), "embedding": list(vectors),
                                          "event_timestamp": [int(time.time() * 1000)] * ROWS})
-        compacted = index.seal(next(v for v in load_repo(repo).views if v.name == "asset_shape"))
-        yield repo, client, index, f"{project}_asset_shape", vectors, queries, compacted
+        index.seal(next(v for v in load_repo(repo).views if v.name == "asset_shape"))
+        yield repo, client, index, f"{project}_asset_shape", vectors, queries
     finally:
         client.close()
         index.drop(f"{project}_asset_shape")
@@ -79,25 +78,17 @@ def indexed(tmp_path_factory, local_services, milvus_uri):
 def test_default_index_on_a_server_is_hnsw_over_every_row(indexed):
     from serving.vector_index import HNSW_BUILD
 
-    _, _, index, collection, _, _, _ = indexed
+    _, _, index, collection, _, _ = indexed
     described = index.client().describe_index(collection, "vector_index_embedding")
     assert described["index_type"] == "HNSW"
     assert {name: int(described[name]) for name in HNSW_BUILD} == HNSW_BUILD
     assert (int(described["indexed_rows"]), int(described["pending_index_rows"])) == (ROWS, 0)
 
 
-def test_seal_compacts_the_deletes_our_writer_sent(indexed):
-    _, _, index, collection, _, _, compacted = indexed
-    assert compacted, "the push deleted every key before inserting it: the seal must have compacted a segment"
-    served = index.served_segments(collection)
-    assert served and all(segment.indexID for segment in served)
-    assert not compacted & {segment.segmentID for segment in served}
-
-
 def test_server_metrics_count_our_searches(indexed, milvus_server):
     from bench._milvus_metrics import server_figures, snapshot
 
-    _, client, index, collection, _, queries, _ = indexed
+    _, client, index, collection, _, queries = indexed
     assert sum(segment.num_rows for segment in index.served_segments(collection)) == ROWS
     before = snapshot(milvus_server.metrics_url)
     for query in queries[:20]:
@@ -110,7 +101,7 @@ def test_server_metrics_count_our_searches(indexed, milvus_server):
 
 
 def test_recall_at_10_against_exact_search(indexed):
-    _, client, _, _, vectors, queries, _ = indexed
+    _, client, _, _, vectors, queries = indexed
     recall = vector_env.search_recall(client, vectors, queries, K)
     assert recall >= 0.95, f"recall@{K} {recall:.3f} over {QUERIES} queries"
 
@@ -120,7 +111,7 @@ def test_feast_reads_the_same_index(indexed):
 
     from dsl.types import Vector
 
-    _, client, index, _, _, queries, _ = indexed
+    _, client, index, _, _, queries = indexed
     store = FeatureStore(config=index.feast_repo_config(Vector(DIM)))
     for query in queries[:5]:
         ours = [row["asset_id"] for row in client.search("asset_shape:embedding", query, k=K).ids]

@@ -14,7 +14,11 @@ per query and recall@k against numpy's exact search. The scratch Redis keys and 
 Where our p99 goes, measured in the same run: `index_p50_ms`/`index_p99_ms` time the index's round trip alone
 (`VectorIndex.search`: pymilvus to Milvus and back, no planning, no Redis), and `host_floor_p99_ms` times a fixed
 `HOST_PROBE_MS` of CPU spun in our own process, as often as the queries: what the host's scheduling adds to a
-request that waits on no other process. `params` records the load average before and after.
+request that waits on no other process. On a Milvus server whose metrics it can read (the one it starts, or
+`--metrics-url`'s) each side also gets what the server says of its searches (`bench._milvus_metrics`): the share it
+took 2 ms or more on itself (`server_over_2ms_pct`, beside the client's `search_over_2ms_pct`), the bucket of its
+p99 and its CPU per search; `params` records the segments the query node searches and the load average before and
+after.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Callable, Iterator, Optional
 import click
 import numpy as np
 
+from bench._milvus_metrics import GOAL_MS, server_figures, snapshot
 from bench._report import emit, percentiles
 from bench._serve_env import apply_repo, bench_repo
 
@@ -76,15 +81,19 @@ def _offline_table(folder: Path, vectors: np.ndarray, labels: np.ndarray, dim: i
     return folder
 
 
-def _timed(queries: np.ndarray, search: Callable[[np.ndarray], list[str]]) -> tuple[list[float], list[list[str]]]:
+def _timed(queries: np.ndarray, search: Callable[[np.ndarray], list[str]],
+           metrics_url: Optional[str] = None) -> tuple[list[float], list[list[str]], dict]:
+    """Latencies (ms) and ids of the queries after the warm-up, and what the Milvus server at `metrics_url` says of
+    those searches (`bench._milvus_metrics`)."""
+    for query in queries[:WARMUP]:
+        search(query)
+    before = snapshot(metrics_url) if metrics_url else None
     latencies, found = [], []
-    for i, query in enumerate(queries):
+    for query in queries[WARMUP:]:
         started = time.perf_counter()
-        ids = search(query)
-        if i >= WARMUP:
-            latencies.append((time.perf_counter() - started) * 1000)
-            found.append(ids)
-    return latencies, found
+        found.append(search(query))
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies, found, server_figures(before, snapshot(metrics_url)) if before else {}
 
 
 def _spin(_: np.ndarray) -> list[str]:
@@ -99,9 +108,11 @@ def _latency_figures(prefix: str, latencies: list[float]) -> dict:
     return {f"{prefix}_p50_ms": round(marks["p50"], 3), f"{prefix}_p99_ms": round(marks["p99"], 3)}
 
 
-def _figures(latencies: list[float], found: list[list[str]], exact: list[list[str]], k: int) -> dict:
+def _figures(latencies: list[float], found: list[list[str]], server: dict, exact: list[list[str]], k: int) -> dict:
     recall = np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])
-    return {**_latency_figures("search", latencies), f"recall_at_{k}": round(float(recall), 4)}
+    over_goal = 100 * float(np.mean(np.asarray(latencies) >= GOAL_MS))
+    return {**_latency_figures("search", latencies), f"recall_at_{k}": round(float(recall), 4),
+            f"search_over_{GOAL_MS}ms_pct": round(over_goal, 2), **server}
 
 
 def _forget_keys(host_port: tuple[str, int]) -> None:
@@ -115,8 +126,9 @@ def _forget_keys(host_port: tuple[str, int]) -> None:
 
 
 @contextlib.contextmanager
-def local_milvus(folder: Path) -> Iterator[str]:
-    """A Milvus server (`featurectl services up --milvus`'s) with its state in `folder`, on free ports; its uri."""
+def local_milvus(folder: Path) -> Iterator[tuple[str, str]]:
+    """A Milvus server (`featurectl services up --milvus`'s) with its state in `folder`, on free ports; its uri
+    and metrics endpoint."""
     from common.config import ProjectConfig
     from featurectl.services.milvus_server import MilvusServer, free_port_block
 
@@ -128,13 +140,13 @@ def local_milvus(folder: Path) -> Iterator[str]:
     click.echo(server.up(), err=True)
     click.echo(f"milvus answered {time.perf_counter() - started:.1f}s after its start", err=True)
     try:
-        yield server.uri
+        yield server.uri, server.metrics_url
     finally:
         click.echo(server.down(), err=True)
 
 
 def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
-        index_type: Optional[str] = None) -> dict:
+        index_type: Optional[str] = None, metrics_url: Optional[str] = None) -> dict:
     from batch.materialize import materialize_view
     from common.config import load_config
     from dsl.repo import load_repo
@@ -170,18 +182,19 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
         exact = [names[np.argsort(((vectors - q) ** 2).sum(axis=1))[:k]].tolist() for q in queries[WARMUP:]]
         load_before = os.getloadavg()[0]
         try:
-            host_floor, _ = _timed(queries, _spin)
+            host_floor, _, _ = _timed(queries, _spin)
             collection, kind = f"{PROJECT}_asset_shape", Vector(dim)
-            index_only, _ = _timed(queries, lambda q: index.search(collection, "embedding", kind, q.tolist(), k))
+            segments = len(index.served_segments(collection)) if index.on_server else None
+            index_only, _, _ = _timed(queries, lambda q: index.search(collection, "embedding", kind, q.tolist(), k))
             with OnlineClient.from_repo(repo) as client:
                 ours = _timed(queries, lambda q: [r["asset_id"] for r in client.search(
-                    "asset_shape:embedding", q, k, features=["category"]).ids])
+                    "asset_shape:embedding", q, k, features=["category"]).ids], metrics_url)
             from feast import FeatureStore
 
             store = FeatureStore(config=index.feast_repo_config(Vector(dim)))
             peer = _timed(queries, lambda q: store.retrieve_online_documents_v2(
                 features=["asset_shape:embedding", "asset_shape:category"], query=q.tolist(), top_k=k,
-                distance_metric="L2").to_dict()["asset_id"])
+                distance_metric="L2").to_dict()["asset_id"], metrics_url)
             load_after = os.getloadavg()[0]
         finally:
             index.drop(f"{PROJECT}_asset_shape")
@@ -189,7 +202,8 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
     params = {"vectors": vectors_n, "dim": dim, "k": k, "queries": queries_n, "clusters": clusters,
               "engine": f"milvus server {uri}" if uri else "milvus-lite",
               "index": f"{index.index_type} {index.index_params} {index.search_params}", "load_s": round(load_s, 1),
-              "seal_s": round(seal_s, 1), "load_avg_1m": [round(load_before, 2), round(load_after, 2)]}
+              "seal_s": round(seal_s, 1), "served_segments": segments,
+              "load_avg_1m": [round(load_before, 2), round(load_after, 2)]}
     where = {**_latency_figures("index", index_only),
              "host_floor_p99_ms": round(percentiles(host_floor)["p99"], 3)}
     return {"ours": {**_figures(*ours, exact, k), **where}, "peer": _figures(*peer, exact, k), "params": params}
@@ -206,11 +220,14 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
               help="Milvus Lite, a Milvus server, or one after the other")
 @click.option("--uri", default=None, help="the Milvus server to use, e.g. http://127.0.0.1:19530; default: one "
                                           "started for the run")
+@click.option("--metrics-url", default=None,
+              help="with --uri: that server's Prometheus metrics, e.g. http://127.0.0.1:9091/metrics, for the "
+                   "server-side figures (searched by nobody else meanwhile); default: the started server's")
 @click.option("--seed", default=7, show_default=True)
 @click.option("--index-type", default=None, help="Milvus index instead of `platform.vectors.index_type`'s default, "
                                                  "e.g. IVF_FLAT")
 def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, engine: str, uri: Optional[str],
-            seed: int, index_type: Optional[str]) -> None:
+            metrics_url: Optional[str], seed: int, index_type: Optional[str]) -> None:
     """Search: our SDK's p50/p99 and recall@k beside Feast's retrieve_online_documents_v2 on the same index."""
     if engine in ("lite", "both"):
         out = run(vectors_n, dim, k, queries_n, clusters, None, seed, index_type)
@@ -218,6 +235,6 @@ def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, eng
     if engine in ("server", "both"):
         with contextlib.ExitStack() as stack:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-search-milvus-")))
-            server = uri or stack.enter_context(local_milvus(folder))
-            out = run(vectors_n, dim, k, queries_n, clusters, server, seed, index_type)
+            server, metrics = (uri, metrics_url) if uri else stack.enter_context(local_milvus(folder))
+            out = run(vectors_n, dim, k, queries_n, clusters, server, seed, index_type, metrics)
         emit("search", out["ours"], out["peer"], out["params"])

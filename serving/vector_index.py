@@ -243,10 +243,14 @@ class VectorIndex:
 
     def served_indexed_rows(self, collection: str) -> int:
         """Rows a server's query nodes serve from segments with a built index (the rest they scan)."""
+        return sum(segment.num_rows for segment in self.served_segments(collection) if segment.indexID)
+
+    def served_segments(self, collection: str) -> list:
+        """The segments a server's query nodes search for `collection` (pymilvus's `QuerySegmentInfo`: rows,
+        state, index): each costs a search of its own, and a growing one is scanned."""
         from pymilvus import utility
 
-        served = utility.get_query_segment_info(collection, using=self._connection())
-        return sum(segment.num_rows for segment in served if segment.indexID)
+        return list(utility.get_query_segment_info(collection, using=self._connection()))
 
     def _connection(self) -> str:
         """The alias of a pymilvus ORM connection to the server (segment information has no MilvusClient call)."""

@@ -63,6 +63,11 @@ class MilvusServer(LocalService):
     def uri(self) -> str:
         return local_milvus_uri(self.ports[0])
 
+    @property
+    def metrics_url(self) -> str:
+        """Its Prometheus metrics (Milvus serves them beside `/healthz`, on the port given as METRICS_PORT)."""
+        return f"http://{HOST}:{self.ports[10]}/metrics"
+
     def check_installed(self) -> None:
         if importlib.util.find_spec("milvus") is None:
             raise LocalServiceError("the `milvus` package (Milvus standalone server) is not installed: run "

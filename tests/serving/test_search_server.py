@@ -1,7 +1,8 @@
 """Search on a Milvus server (the one `featurectl services up --milvus` runs, started here on free ports in a
 scratch folder): the project's default index there is HNSW, built over the sealed rows after `VectorIndex.seal`;
 `client.search` finds numpy's exact nearest neighbours of seeded isotropic vectors at recall@10 >= 0.95, at the
-distances numpy computes for the ids found; Feast's own `retrieve_online_documents_v2` reads the same index.
+distances numpy computes for the ids found; Feast's own `retrieve_online_documents_v2` reads the same index; the
+server's metrics (`bench._milvus_metrics`) count the searches we sent.
 `featurectl materialize` of a view with a vector feature seals what it wrote, so the server serves it through the
 index."""
 
@@ -22,7 +23,7 @@ ROWS, DIM, QUERIES, K = 3000, 32, 100, 10
 
 
 @pytest.fixture(scope="module")
-def milvus_uri(tmp_path_factory):
+def milvus_server(tmp_path_factory):
     from common.config import ProjectConfig
     from featurectl.services.milvus_server import MilvusServer, free_port_block
 
@@ -32,9 +33,14 @@ def milvus_uri(tmp_path_factory):
         "platform": {"state_dir": str(folder), "vectors": {"local_port": free_port_block()}}}))
     server.up()
     try:
-        yield server.uri
+        yield server
     finally:
         server.down()
+
+
+@pytest.fixture(scope="module")
+def milvus_uri(milvus_server):
+    return milvus_server.uri
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +83,21 @@ def test_default_index_on_a_server_is_hnsw_over_every_row(indexed):
     assert described["index_type"] == "HNSW"
     assert {name: int(described[name]) for name in HNSW_BUILD} == HNSW_BUILD
     assert (int(described["indexed_rows"]), int(described["pending_index_rows"])) == (ROWS, 0)
+
+
+def test_server_metrics_count_our_searches(indexed, milvus_server):
+    from bench._milvus_metrics import server_figures, snapshot
+
+    _, client, index, collection, _, queries = indexed
+    assert sum(segment.num_rows for segment in index.served_segments(collection)) == ROWS
+    before = snapshot(milvus_server.metrics_url)
+    for query in queries[:20]:
+        client.search("asset_shape:embedding", query, k=K)
+    figures = server_figures(before, snapshot(milvus_server.metrics_url))
+    assert figures["server_searches"] == 20
+    assert 0 <= figures["server_over_2ms_pct"] <= 100 and figures["server_cpu_ms_per_search"] > 0
+    low, high = figures["server_p99_ms"]
+    assert high is None or low < high
 
 
 def test_recall_at_10_against_exact_search(indexed):

@@ -161,3 +161,45 @@ def test_materialize_seals_the_index(tmp_path, local_services, milvus_uri):
         keys = list(db.scan_iter(match=b"*" + project.encode(), count=10_000))
         if keys:
             db.delete(*keys)
+
+
+def test_a_bulk_write_deletes_only_what_the_collection_holds_and_replaces_it(tmp_path, local_services, milvus_uri):
+    import pyarrow as pa
+
+    from common.config import load_config
+    from dsl.compile_feast import EVENT_TIMESTAMP
+    from dsl.repo import load_repo
+    from dsl.types import Vector
+    from serving.vector_index import VectorIndex
+
+    project = f"bulk{time.time_ns() % 10**9}"
+    repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"uri": milvus_uri}})
+    view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
+    index, collection = VectorIndex(load_config(repo)), f"{project}_asset_shape"
+    rng = np.random.default_rng(21)
+
+    def table(ids: range, vectors: np.ndarray):
+        return pa.table({"asset_id": [f"b{i}" for i in ids], "category": ["x"] * len(ids), "faces": list(ids),
+                         "embedding": pa.array(list(vectors), Vector(DIM).arrow_type()),
+                         EVENT_TIMESTAMP: pa.array([dt.datetime.now(dt.timezone.utc)] * len(ids),
+                                                   pa.timestamp("ms", "UTC"))})
+
+    first, second = rng.normal(size=(200, DIM)).astype(np.float32), rng.normal(size=(200, DIM)).astype(np.float32)
+    try:
+        assert index.write_table(view, table(range(0, 200), first)) == 200
+        rows = index.client().query(collection, filter="asset_id_pk != ''", output_fields=["asset_id_pk", "asset_id"],
+                                    consistency_level="Strong", limit=1000)
+        keys = {row["asset_id"]: row["asset_id_pk"] for row in rows}
+        assert len(keys) == 200
+        asked = [keys["b7"], keys["b150"], "0" * 32]
+        assert index._held(collection, "asset_id_pk", asked) == {keys["b7"], keys["b150"]}  # unflushed rows too
+        assert index.write_table(view, table(range(100, 300), second)) == 200
+        rows = index.client().query(collection, filter="asset_id_pk != ''", output_fields=["asset_id", "embedding"],
+                                    consistency_level="Strong", limit=1000)
+        assert sorted(row["asset_id"] for row in rows) == sorted(f"b{i}" for i in range(300))
+        for row in rows:
+            i = int(row["asset_id"][1:])
+            expected = first[i] if i < 100 else second[i - 100]
+            np.testing.assert_allclose(row["embedding"], expected, rtol=1e-6)
+    finally:
+        index.drop(collection)

@@ -34,7 +34,8 @@ TIMESTAMP_SECONDS, TIMESTAMP_NANOS = 0x08, 0x10  # google.protobuf.Timestamp's f
 BYTES_TAG = 0x0A  # feast.types.Value.bytes_val: read, never written
 FLOAT_LIST_TAG = b"\x82\x01"  # feast.types.Value.float_list_val (field 16, length-delimited)
 _KINDS = {tag: kind for kind, tag in TAGS.items()}
-_FLOATS = {ValueType.FLOAT64: "<d", ValueType.FLOAT32: "<f"}
+FLOAT_CODES = {ValueType.FLOAT64: "d", ValueType.FLOAT32: "f"}  # struct codes of the stored floats (little-endian)
+_FLOATS = {kind: "<" + code for kind, code in FLOAT_CODES.items()}
 NULL = b""
 
 

@@ -21,7 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from dsl.types import ValueType
 from redis_store.decode import ColumnDecoder
-from redis_store.layout import TAGS
+from redis_store.layout import FLOAT_CODES, TAGS
 from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, rfc3339
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ _MAX_TEXTS = 20_000  # remembered fragments per decoder, and event times (string
 _NULL_TEXT = b""  # a stored null's remembered fragment: the feature's result is then the view's null result
 # per decoder, a stored value's opened result (`{"values":[` and its JSON text), by its stored bytes
 _TEXTS: dict[ColumnDecoder, dict[Optional[bytes], bytes]] = {}
-_FLOAT_CODES = {ValueType.FLOAT64: "d", ValueType.FLOAT32: "f"}
 
 
 class _Stamp:
@@ -106,7 +105,7 @@ class RowAnswer:
         self.groups, self.positions, self.field_views = (tuple(column) for column in zip(*(
             (g, position, view) for g, position, _, view, _, _ in self.fields))) if self.fields else ((), (), ())
         self.texts = [{} if texts is None else texts for _, _, _, _, _, texts in self.fields]
-        self.float_runs = _float_runs(plan, self.fields)
+        self.float_runs = _float_runs(plan)
 
     def sources(self) -> list[tuple[str, int, int, ColumnDecoder]]:
         """Per output feature, in request order: its view, where its value lies in the replies (group, field) and
@@ -175,7 +174,7 @@ class _FloatRun:
     __slots__ = ("at", "pick", "unpack", "size", "tags")
 
     def __init__(self, at: list[int], kind: ValueType):
-        code = _FLOAT_CODES[kind]
+        code = FLOAT_CODES[kind]
         self.at = at
         self.pick = itemgetter(*at) if len(at) > 1 else (lambda raws: (raws[at[0]],))
         self.unpack = struct.Struct("<" + ("x" + code) * len(at)).unpack
@@ -198,11 +197,11 @@ class _FloatRun:
             opened[at] = _OPEN + text
 
 
-def _float_runs(plan: Plan, fields: list) -> list[_FloatRun]:
+def _float_runs(plan: Plan) -> list[_FloatRun]:
     """The plan's float features grouped by type, as `_FloatRun`s."""
     runs: dict[ValueType, list[int]] = {}
     for at, name in enumerate(plan.names):
         kind = plan.kinds[name]
-        if fields[at][4] and kind in _FLOAT_CODES:
+        if kind in FLOAT_CODES:
             runs.setdefault(kind, []).append(at)
     return [_FloatRun(at, kind) for kind, at in runs.items()]

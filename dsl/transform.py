@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from common.errors import FeaturectlError, shown
-from dsl.types import ValueType
+from dsl.types import FLOAT_TYPES, ValueType
 
 MODES = ("numpy", "python")
 INPUT_TYPES = (ValueType.STRING, ValueType.INT32, ValueType.INT64, ValueType.FLOAT32, ValueType.FLOAT64,
@@ -77,9 +77,6 @@ _INPUTS: dict[ValueType, Callable[[Column], np.ndarray]] = {
     ValueType.INT64: _int_column, ValueType.FLOAT32: _float_column, ValueType.FLOAT64: _float_column}
 
 
-_FLOAT_KINDS = (ValueType.FLOAT32, ValueType.FLOAT64)
-
-
 def python_column(values: Column) -> list:
     return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
 
@@ -101,7 +98,7 @@ class OnDemandUdf:
         self._readers = [(name, _INPUTS[kind]) for name, kind in self.inputs.items()]  # per request: no lookups
         self._writers = [(name, _OUTPUTS[kind]) for name, kind in self.outputs.items()]
         # python mode hands a float input's NaN over as None, the missing value it is online (Redis stores no NaN)
-        self._float_inputs = [i for i, kind in enumerate(self.inputs.values()) if kind in _FLOAT_KINDS]
+        self._float_inputs = [i for i, kind in enumerate(self.inputs.values()) if kind in FLOAT_TYPES]
 
     def run(self, columns: Mapping[str, Column], rows: int) -> dict[str, list]:
         """The output columns (lists of Python values) for `rows` rows of the input `columns`."""

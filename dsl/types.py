@@ -71,6 +71,8 @@ class ValueType(enum.Enum):
         }[self]
 
 
+FLOAT_TYPES = (ValueType.FLOAT32, ValueType.FLOAT64)
+
 _FLINK = {
     ValueType.STRING: "STRING", ValueType.INT32: "INT", ValueType.INT64: "BIGINT", ValueType.FLOAT32: "FLOAT",
     ValueType.FLOAT64: "DOUBLE", ValueType.BOOL: "BOOLEAN", ValueType.TIMESTAMP: "BIGINT",

@@ -11,7 +11,7 @@ from itertools import chain
 from typing import Any, Optional, Sequence
 
 from common.errors import shown
-from dsl.types import ValueType
+from dsl.types import FLOAT_TYPES, ValueType
 from serving.errors import EntityError
 from serving.plan import Plan
 from serving.result import OnlineFeatures, ViewRows, parse_timestamps, view_row
@@ -21,7 +21,6 @@ EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 _STR = {str}
 _INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
               ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
-_FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
 _NUMBERS = {int, float}
 
 
@@ -49,7 +48,7 @@ def _check_values(key: str, kind: ValueType, values: list, what: str = "entity")
         if set(map(type, values)) <= _STR:  # the usual case, checked in C
             return
         bad = next((i for i, v in enumerate(values) if type(v) is not str), None)
-    elif kind in _FLOATS:
+    elif kind in FLOAT_TYPES:
         if set(map(type, values)) <= _NUMBERS:
             return
         bad = next((i for i, v in enumerate(values) if type(v) not in _NUMBERS), None)

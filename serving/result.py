@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from dsl.types import ValueType
+from dsl.types import FLOAT_TYPES, ValueType
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 EPOCH = "1970-01-01T00:00:00Z"
 PRESENT, NULL_VALUE, NOT_FOUND, OUTSIDE_MAX_AGE = "PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"
-_FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
 _ZERO = Timestamp()
 _VECTOR_ROWS = 8  # below this, formatting row by row is cheaper than a numpy call
 _UNITS = ("s", "ms", "us", "ns")
@@ -156,7 +155,7 @@ class OnlineFeatures:
                             "event_timestamps": [EPOCH] * len(values)})
         for name in self.names:
             values, rows = self.values[name], self.rows_of[name]
-            results.append({"values": _json_floats(values) if self.kinds[name] in _FLOATS else values,
+            results.append({"values": _json_floats(values) if self.kinds[name] in FLOAT_TYPES else values,
                             "statuses": rows.statuses(values), "event_timestamps": rows.timestamps()})
         return {"metadata": {"feature_names": [*self.entities, *self.names]}, "results": results}
 

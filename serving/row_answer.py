@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from dsl.types import ValueType
+from dsl.types import FLOAT_TYPES, ValueType
 from redis_store.decode import ColumnDecoder
 from redis_store.layout import FLOAT_CODES, TAGS
 from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, rfc3339
@@ -27,7 +27,6 @@ from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, rfc3339
 if TYPE_CHECKING:
     from serving.plan import Plan
 
-_FLOATS = (ValueType.FLOAT32, ValueType.FLOAT64)
 _ENTITY_RESULT = b'{"values":[%s],"statuses":["PRESENT"],"event_timestamps":["' + EPOCH.encode() + b'"]}'
 _OPEN = b'{"values":['
 _NULL = _OPEN + b"null"
@@ -97,7 +96,7 @@ class RowAnswer:
         self.fields = []
         for name in plan.names:
             g, position, decode, view = where[name]
-            floating = plan.kinds[name] in _FLOATS
+            floating = plan.kinds[name] in FLOAT_TYPES
             texts = None if floating else _TEXTS.setdefault(decode, {})
             self.fields.append((g, position, decode, view, floating, texts))
         # the same per feature as columns, for the look-ups done in C (`map`) over all features at once; a float's

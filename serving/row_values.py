@@ -11,8 +11,8 @@ plans with on-demand views, and requests of other row counts, take that general 
 from __future__ import annotations
 
 from itertools import repeat
-from operator import getitem
-from typing import TYPE_CHECKING, Any, Optional
+from operator import getitem, itemgetter
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -66,6 +66,8 @@ class RowValues:
         self.groups = [g for g, _, _ in fields]
         self.positions = [position for _, position, _ in fields]
         self.decoders = [decode for _, _, decode in fields]
+        # one hash (the usual plan) and more than one feature: the row's stored values picked by one C call
+        self.pick = itemgetter(*self.positions) if len(plan.groups) == 1 and len(fields) > 1 else None
         # where each feature's decoded values are remembered; None for floats, which come from their runs
         self.learned = [None if plan.kinds[name] in FLOAT_TYPES else _VALUES.setdefault(decode, _nothing())
                         for name, (_, _, decode) in zip(plan.names, fields)]
@@ -76,7 +78,8 @@ class RowValues:
     def values(self, entities: dict[str, list], replies: list, now_ms: float) -> dict[str, list]:
         """Join key columns first, then each feature's one-value list in request order; None for a null, and for
         every feature of a view with no row or a row older than its ttl at `now_ms`."""
-        raws = list(map(getitem, map(replies.__getitem__, self.groups), self.positions))
+        pick = self.pick
+        raws = pick(replies[0]) if pick else list(map(getitem, map(replies.__getitem__, self.groups), self.positions))
         values = list(map(dict.get, self.remembered, raws, repeat(_UNSEEN)))
         for run in self.float_runs:
             unpacked = run.values(raws)
@@ -94,7 +97,7 @@ class RowValues:
         out.update(zip(self.names, [[value] for value in values]))
         return out
 
-    def _decode_new(self, values: list, raws: list) -> None:
+    def _decode_new(self, values: list, raws: Sequence[Optional[bytes]]) -> None:
         """Decode the values not remembered (floats that are no plain run, values seen for the first time) with their
         feature's column decoder, remembering the immutable ones."""
         at = 0

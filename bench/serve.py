@@ -8,7 +8,7 @@ the 16 of `asset_activity` and 4 of `asset_attributes`.
   SDK's own connection (`params.redis_ping_ms`), is measured in the same blocks: PINGs, ours, Feast's in turn, as
   many PINGs as 1-entity calls, so that a host that gets busier or quieter during the run moves the floor and our
   figure alike. `params.redis_ping_before_ms` keeps the floor as it was measured before: 5,000 PINGs in one block
-  ahead of the SDK phase. `--only sdk` runs this part alone (about 30 s), for work on the SDK.
+  ahead of the SDK phase. `--only sdk` runs this part alone, for work on the SDK.
 - The data's profiles are recorded as a backfill would record them, so that `featurectl serve` samples what it
   serves and keeps its drift metrics (`serving.drift`) as it does in production.
 - HTTP: `featurectl serve` against `feast serve` (worker recycling off, which would restart Feast's worker every

@@ -36,7 +36,7 @@ def _nothing() -> dict[Optional[bytes], Any]:
     return {NULL: None, None: None}
 
 
-def event_ms(raw: bytes) -> int:
+def _event_ms(raw: bytes) -> int:
     """Epoch milliseconds of a serialized Timestamp (by protobuf's C parser), remembered by its bytes."""
     ms = _EVENT_MS.get(raw)
     if ms is None:
@@ -90,7 +90,7 @@ class RowValues:
             self._decode_new(values, raws)
         for g, ts_pos, ttl_ms, features in self.views:
             raw = replies[g][ts_pos]
-            if raw is None or (ttl_ms and event_ms(raw) < now_ms - ttl_ms):
+            if raw is None or (ttl_ms and _event_ms(raw) < now_ms - ttl_ms):
                 for at in features:
                     values[at] = None
         out = dict(entities)

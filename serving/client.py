@@ -149,7 +149,9 @@ class OnlineClient(_ClientCore):
     def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = False,
                      output: Output = "dict") -> Any:
         """Columns in request order (join keys first): a dict of lists, or `output="arrow"` / `"pandas"`."""
-        return self.get_online_features(features, entity_rows, full_feature_names=full_feature_names).to(output)
+        request = self.prepare(features, entity_rows, full_feature_names)
+        replies = self.redis.read(request.keys, request.commands) if request.commands else []
+        return request.to_dict(replies) if output == "dict" else request.finish(replies).to(output)
 
     def push(self, source: str, rows: PushRows, *, to: PushMode = "online") -> PushResult:
         """Write rows to a push source: events to an event source by its name (its Kafka topic with `to="online"`,
@@ -231,8 +233,8 @@ class AsyncOnlineClient(_ClientCore):
 
     async def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = False,
                            output: Output = "dict") -> Any:
-        response = await self.get_online_features(features, entity_rows, full_feature_names=full_feature_names)
-        return response.to(output)
+        request, replies = await self.fetch(features, entity_rows, full_feature_names)
+        return request.to_dict(replies) if output == "dict" else request.finish(replies).to(output)
 
     async def push(self, source: str, rows: PushRows, *, to: PushMode = "online") -> PushResult:
         """`OnlineClient.push`; Kafka and the history file are written on a worker thread."""

@@ -25,6 +25,7 @@ from serving.on_demand import OnDemandRead, OnDemandSpec
 
 if TYPE_CHECKING:
     from serving.row_answer import RowAnswer
+    from serving.row_values import RowValues
 
 _LENGTH_PREFIX = [b"$%d\r\n" % n for n in range(512)]
 
@@ -86,6 +87,7 @@ class Plan:
     on_demand: list[OnDemandRead] = field(default_factory=list)
     request_fields: dict[str, Optional[ValueType]] = field(default_factory=dict)  # columns beside the join keys
     row_answer: Optional[RowAnswer] = field(default=None, repr=False)  # one row's JSON writer, made on first use
+    row_values: Optional[RowValues] = field(default=None, repr=False)  # one row's SDK dict writer, made on first use
 
 
 def _parse_ref(ref: str, catalog: Catalog) -> tuple[ViewSpec | OnDemandSpec, str]:

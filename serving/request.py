@@ -16,6 +16,7 @@ from serving.errors import EntityError
 from serving.plan import Plan
 from serving.result import OnlineFeatures, ViewRows, parse_timestamps, view_row
 from serving.row_answer import RowAnswer
+from serving.row_values import RowValues
 
 EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 _STR = {str}
@@ -159,6 +160,16 @@ class PreparedRequest:
         if plan.row_answer is None:
             plan.row_answer = RowAnswer(plan)
         return plan.row_answer.encode(self.entities, replies, time.time() * 1000)
+
+    def to_dict(self, replies: list) -> dict[str, list]:
+        """`finish(replies).to_dict()`; for one entity row without on-demand views written straight from the replies
+        (`serving.row_values`), the SDK's usual call."""
+        plan = self.plan
+        if self.rows != 1 or plan.on_demand:
+            return self.finish(replies).to_dict()
+        if plan.row_values is None:
+            plan.row_values = RowValues(plan)
+        return plan.row_values.values(self.entities, replies, time.time() * 1000)
 
     def _finish_row(self, replies: list) -> OnlineFeatures:
         """One entity row, the usual online request: each batch's values are picked from the row's reply in C,

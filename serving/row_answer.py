@@ -1,7 +1,7 @@
 """One entity row's HTTP answer written straight from its HMGET replies: Feast's JSON bytes with no columns, no
 dicts or lists per feature, and no decoding of a stored value seen before (its JSON text is remembered by its
 bytes, as the column decoders remember values) nor of a stored event time seen before (`_Stamp`). Floats, which
-rarely repeat, are unpacked and printed together, one call each per float type of the plan (`_FloatRun`).
+rarely repeat, are unpacked and printed together, one call each per float type of the plan (`serving.float_run`).
 
 The usual online request asks for one row; building its `OnlineFeatures` and then Feast's response dict costs
 more than reading it from Redis (20 features: 10.5 us to decode, 12 us to answer, warm). The bytes are exactly
@@ -12,16 +12,15 @@ plans with on-demand views take that general path.
 from __future__ import annotations
 
 import math
-import struct
 from operator import add, getitem, itemgetter
 from typing import TYPE_CHECKING, Any, Optional
 
 import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from dsl.types import FLOAT_TYPES, ValueType
+from dsl.types import FLOAT_TYPES
 from redis_store.decode import ColumnDecoder
-from redis_store.layout import FLOAT_CODES, TAGS
+from serving.float_run import FloatRun, float_runs
 from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, rfc3339
 
 if TYPE_CHECKING:
@@ -104,7 +103,7 @@ class RowAnswer:
         self.groups, self.positions, self.field_views = (tuple(column) for column in zip(*(
             (g, position, view) for g, position, _, view, _, _ in self.fields))) if self.fields else ((), (), ())
         self.texts = [{} if texts is None else texts for _, _, _, _, _, texts in self.fields]
-        self.float_runs = _float_runs(plan)
+        self.float_runs = float_runs(plan.names, plan.kinds)
 
     def sources(self) -> list[tuple[str, int, int, ColumnDecoder]]:
         """Per output feature, in request order: its view, where its value lies in the replies (group, field) and
@@ -135,7 +134,7 @@ class RowAnswer:
         raws = list(map(getitem, map(replies.__getitem__, self.groups), self.positions))
         opened = list(map(dict.get, self.texts, raws))
         for run in self.float_runs:
-            run.write(opened, raws)
+            _write_floats(run, opened, raws)
         if None in opened:
             self._write_new(opened, raws, ends)
         dumps = orjson.dumps
@@ -165,42 +164,14 @@ class RowAnswer:
                 texts[raw] = opened[at]
 
 
-class _FloatRun:
-    """The float features of one type in a plan: their stored values unpacked by one `struct` call and printed by
-    one `orjson.dumps`, when each is a plain value of that type (its tag, its width); otherwise they are left to
-    `RowAnswer._write_new`, value by value."""
-
-    __slots__ = ("at", "pick", "unpack", "size", "tags")
-
-    def __init__(self, at: list[int], kind: ValueType):
-        code = FLOAT_CODES[kind]
-        self.at = at
-        self.pick = itemgetter(*at) if len(at) > 1 else (lambda raws: (raws[at[0]],))
-        self.unpack = struct.Struct("<" + ("x" + code) * len(at)).unpack
-        width = 1 + struct.calcsize(code)
-        self.size = width * len(at)
-        self.tags = bytes((TAGS[kind],)) * len(at)
-
-    def write(self, opened: list, raws: list) -> None:
-        """Fill in the opened results of the run's features in `opened`, when every value is plain and finite."""
-        try:
-            blob = b"".join(self.pick(raws))
-        except TypeError:  # a view with no row (None)
-            return
-        if len(blob) != self.size or blob[::self.size // len(self.at)] != self.tags:
-            return
-        texts = orjson.dumps(self.unpack(blob))[1:-1].split(b",")
-        if b"null" in texts:  # NaN or an infinity: written one by one, as protobuf's JSON strings
-            return
-        for at, text in zip(self.at, texts):
-            opened[at] = _OPEN + text
-
-
-def _float_runs(plan: Plan) -> list[_FloatRun]:
-    """The plan's float features grouped by type, as `_FloatRun`s."""
-    runs: dict[ValueType, list[int]] = {}
-    for at, name in enumerate(plan.names):
-        kind = plan.kinds[name]
-        if kind in FLOAT_CODES:
-            runs.setdefault(kind, []).append(at)
-    return [_FloatRun(at, kind) for kind, at in runs.items()]
+def _write_floats(run: FloatRun, opened: list, raws: list) -> None:
+    """Fill in the opened results of a float run's features in `opened`, when every value is plain and finite (NaN
+    and infinities are written one by one, as protobuf's JSON strings, by `RowAnswer._write_new`)."""
+    values = run.values(raws)
+    if values is None:
+        return
+    texts = orjson.dumps(values)[1:-1].split(b",")
+    if b"null" in texts:  # orjson writes NaN and infinities as null
+        return
+    for at, text in zip(run.at, texts):
+        opened[at] = _OPEN + text

@@ -17,8 +17,9 @@ Where our p99 goes, measured in the same run: `index_p50_ms`/`index_p99_ms` time
 request that waits on no other process. On a Milvus server whose metrics it can read (the one it starts, or
 `--metrics-url`'s) each side also gets what the server says of its searches (`bench._milvus_metrics`): the share it
 took 2 ms or more on itself (`server_over_2ms_pct`, beside the client's `search_over_2ms_pct`), the bucket of its
-p99 and its CPU per search; `params` records the segments the query node searches and the load average before and
-after.
+p99 and its CPU per search; on the server it starts, which writes its access log, per search too
+(`bench._milvus_access_log`): the handler's own p50/p99 and those of the rest (`outside_server_*`). `params` records
+the segments the query node searches and the load average before and after.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Callable, Iterator, Optional
 import click
 import numpy as np
 
+from bench._milvus_access_log import log_size, search_times_ms, split_figures
 from bench._milvus_metrics import GOAL_MS, server_figures, snapshot
 from bench._report import emit, percentiles
 from bench._serve_env import apply_repo, bench_repo
@@ -81,19 +83,23 @@ def _offline_table(folder: Path, vectors: np.ndarray, labels: np.ndarray, dim: i
     return folder
 
 
-def _timed(queries: np.ndarray, search: Callable[[np.ndarray], list[str]],
-           metrics_url: Optional[str] = None) -> tuple[list[float], list[list[str]], dict]:
+def _timed(queries: np.ndarray, search: Callable[[np.ndarray], list[str]], metrics_url: Optional[str] = None,
+           access_log: Optional[Path] = None) -> tuple[list[float], list[list[str]], dict]:
     """Latencies (ms) and ids of the queries after the warm-up, and what the Milvus server at `metrics_url` says of
-    those searches (`bench._milvus_metrics`)."""
+    those searches (`bench._milvus_metrics`) and, per search, its `access_log` (`bench._milvus_access_log`)."""
     for query in queries[:WARMUP]:
         search(query)
     before = snapshot(metrics_url) if metrics_url else None
+    log_from = log_size(access_log) if access_log else 0
     latencies, found = [], []
     for query in queries[WARMUP:]:
         started = time.perf_counter()
         found.append(search(query))
         latencies.append((time.perf_counter() - started) * 1000)
-    return latencies, found, server_figures(before, snapshot(metrics_url)) if before else {}
+    server = server_figures(before, snapshot(metrics_url)) if before else {}
+    if access_log:
+        server.update(split_figures(latencies, search_times_ms(access_log, log_from)))
+    return latencies, found, server
 
 
 def _spin(_: np.ndarray) -> list[str]:
@@ -126,27 +132,27 @@ def _forget_keys(host_port: tuple[str, int]) -> None:
 
 
 @contextlib.contextmanager
-def local_milvus(folder: Path) -> Iterator[tuple[str, str]]:
-    """A Milvus server (`featurectl services up --milvus`'s) with its state in `folder`, on free ports; its uri
-    and metrics endpoint."""
+def local_milvus(folder: Path) -> Iterator[tuple[str, str, Path]]:
+    """A Milvus server (`featurectl services up --milvus`'s) with its state in `folder`, on free ports, writing its
+    access log; its uri, metrics endpoint and access log."""
     from common.config import ProjectConfig
     from featurectl.services.milvus_server import MilvusServer, free_port_block
 
     config = ProjectConfig(folder, {"project": PROJECT, "registry": {"path": f"sqlite:///{folder / 'registry.db'}"},
                                     "platform": {"state_dir": str(folder),
                                                  "vectors": {"local_port": free_port_block()}}})
-    server = MilvusServer(config)
+    server = MilvusServer(config, access_log=True)
     started = time.perf_counter()
     click.echo(server.up(), err=True)
     click.echo(f"milvus answered {time.perf_counter() - started:.1f}s after its start", err=True)
     try:
-        yield server.uri, server.metrics_url
+        yield server.uri, server.metrics_url, server.access_log_file
     finally:
         click.echo(server.down(), err=True)
 
 
 def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
-        index_type: Optional[str] = None, metrics_url: Optional[str] = None) -> dict:
+        index_type: Optional[str] = None, metrics_url: Optional[str] = None, access_log: Optional[Path] = None) -> dict:
     from batch.materialize import materialize_view
     from common.config import load_config
     from dsl.repo import load_repo
@@ -188,13 +194,13 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
             index_only, _, _ = _timed(queries, lambda q: index.search(collection, "embedding", kind, q.tolist(), k))
             with OnlineClient.from_repo(repo) as client:
                 ours = _timed(queries, lambda q: [r["asset_id"] for r in client.search(
-                    "asset_shape:embedding", q, k, features=["category"]).ids], metrics_url)
+                    "asset_shape:embedding", q, k, features=["category"]).ids], metrics_url, access_log)
             from feast import FeatureStore
 
             store = FeatureStore(config=index.feast_repo_config(Vector(dim)))
             peer = _timed(queries, lambda q: store.retrieve_online_documents_v2(
                 features=["asset_shape:embedding", "asset_shape:category"], query=q.tolist(), top_k=k,
-                distance_metric="L2").to_dict()["asset_id"], metrics_url)
+                distance_metric="L2").to_dict()["asset_id"], metrics_url, access_log)
             load_after = os.getloadavg()[0]
         finally:
             index.drop(f"{PROJECT}_asset_shape")
@@ -235,6 +241,6 @@ def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, eng
     if engine in ("server", "both"):
         with contextlib.ExitStack() as stack:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-search-milvus-")))
-            server, metrics = (uri, metrics_url) if uri else stack.enter_context(local_milvus(folder))
-            out = run(vectors_n, dim, k, queries_n, clusters, server, seed, index_type, metrics)
+            server, metrics, log = (uri, metrics_url, None) if uri else stack.enter_context(local_milvus(folder))
+            out = run(vectors_n, dim, k, queries_n, clusters, server, seed, index_type, metrics, log)
         emit("search", out["ours"], out["peer"], out["params"])

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from common.config import ProjectConfig
 from featurectl.services.process import HOST, LocalService, LocalServiceError, port_open, spawn
 
 # Milvus's config keys of its inner ports, in the order they follow `local_port`.
@@ -44,6 +45,16 @@ class MilvusServer(LocalService):
     # segments are on disk and the rest replays from RocksMQ's log at the next start, so after 1 s it is killed,
     # as the `milvus` package's own `stop` does.
     stop_timeout_s = 1.0
+
+    def __init__(self, cfg: ProjectConfig, access_log: bool = False):
+        """`access_log`: write a line per request with the time its handler took (`access_log_file`), unbuffered,
+        for benchmarks that split a search's time (`bench._milvus_access_log`); off for everyday use."""
+        super().__init__(cfg)
+        self.access_log = access_log
+
+    @property
+    def access_log_file(self) -> Path:
+        return self.dir / "access.log"
 
     @property
     def binary(self) -> Path:
@@ -92,6 +103,10 @@ class MilvusServer(LocalService):
         _set(settings, "queryCoord.checkHandoffInterval", 1000)  # ms; sealed segments are served indexed sooner
         for component in COMPONENTS:
             _set(settings, f"{component}.ip", HOST)
+        if self.access_log:
+            for key, value in [("enable", True), ("localPath", str(self.dir)), ("filename", self.access_log_file.name),
+                               ("cacheSize", 0)]:
+                _set(settings, f"proxy.accessLog.{key}", value)
         config_file.write_text(yaml.safe_dump(settings, sort_keys=False))
         programs = unpacked()
         self.binary.unlink(missing_ok=True)

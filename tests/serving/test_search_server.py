@@ -30,7 +30,7 @@ def milvus_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("milvus")
     server = MilvusServer(ProjectConfig(folder, {
         "project": "milvus", "registry": {"path": f"sqlite:///{folder / 'registry.db'}"},
-        "platform": {"state_dir": str(folder), "vectors": {"local_port": free_port_block()}}}))
+        "platform": {"state_dir": str(folder), "vectors": {"local_port": free_port_block()}}}), access_log=True)
     server.up()
     try:
         yield server
@@ -85,15 +85,18 @@ def test_default_index_on_a_server_is_hnsw_over_every_row(indexed):
     assert (int(described["indexed_rows"]), int(described["pending_index_rows"])) == (ROWS, 0)
 
 
-def test_server_metrics_count_our_searches(indexed, milvus_server):
+def test_server_metrics_and_access_log_count_our_searches(indexed, milvus_server):
+    from bench._milvus_access_log import log_size, search_times_ms
     from bench._milvus_metrics import server_figures, snapshot
 
     _, client, index, collection, _, queries = indexed
     assert sum(segment.num_rows for segment in index.served_segments(collection)) == ROWS
-    before = snapshot(milvus_server.metrics_url)
+    before, log_from = snapshot(milvus_server.metrics_url), log_size(milvus_server.access_log_file)
     for query in queries[:20]:
         client.search("asset_shape:embedding", query, k=K)
     figures = server_figures(before, snapshot(milvus_server.metrics_url))
+    logged = search_times_ms(milvus_server.access_log_file, log_from)
+    assert len(logged) == 20 and all(0 < ms < 10_000 for ms in logged)
     assert figures["server_searches"] == 20
     assert 0 <= figures["server_over_2ms_pct"] <= 100 and figures["server_cpu_ms_per_search"] > 0
     low, high = figures["server_p99_ms"]

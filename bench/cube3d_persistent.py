@@ -22,10 +22,11 @@ from inference.triton_ops import Launch, TritonOps
 
 PLANS = {
     "p128_n16_k512_w8": MlpPlan(),
+    "p128_n16_k256_w8": MlpPlan(gu_k=256, down_k=256),
     "p128_n16_k256_w4": MlpPlan(gu_k=256, down_k=256, warps=4),
-    "p128_n16_k512_w4": MlpPlan(warps=4),
+    "p128_n16_k512_w16": MlpPlan(warps=16),
+    "p96_n32_k256_w8": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=256, down_k=256),
     "p96_n32_k512_w8": MlpPlan(programs=96, gu_cols=32, down_cols=32),
-    "p64_n32_k512_w8": MlpPlan(programs=64, gu_cols=32, down_cols=32),
 }
 
 

@@ -3,9 +3,10 @@
 The engine runs residual + LayerNorm, gate/up + SwiGLU, down (split-K) and the next residual + LayerNorm as four
 chained kernels; under PDL each boundary still drains one kernel's weight stream before the next starts. Here one
 program per multiprocessor (at most) does all four, with grid-wide barriers in place of the boundaries, and each
-program issues the loads of its first weight tile of the next phase before it waits at the barrier, so only the
-small activation vector is read after it. The LayerNorm before gate/up is computed by every program (no barrier);
-program 0 does the last residual + LayerNorm after the second barrier.
+program issues the loads of its first two weight chunks of the next phase before it waits at the barrier, so only
+the small activation vector is read after it (each chunk's loads, weights and activations, go out two ahead). The
+LayerNorm before gate/up is computed by every program (no barrier); program 0 does the last residual + LayerNorm
+after the second barrier.
 
 The barrier counter only grows (int64): a barrier's target is the next multiple of the grid size above the value a
 program's arrival returned, so CUDA graph replays need no reset. Triton's CPU interpreter runs programs one after
@@ -94,43 +95,55 @@ def _residual_ln(x_ptr, p_ptr, b_ptr, M, S, eps, D: tl.constexpr, M_PAD: tl.cons
 
 
 @triton.jit
-def _gu_tile(w_ptr, it, pid, D: tl.constexpr, GU_N: tl.constexpr, GU_K: tl.constexpr, NPROG: tl.constexpr):
-    # iteration `it` of a program's gate/up work: (gate rows of tile pid + (it // chunks) * NPROG, K chunk)
+def _gu_chunk(w_ptr, hs_ptr, it, pid, M, rows, mrow, D: tl.constexpr, F: tl.constexpr, GU_N: tl.constexpr,
+              GU_K: tl.constexpr, NPROG: tl.constexpr, LOAD_X: tl.constexpr):
+    # iteration `it` of a program's gate/up work (tile pid + (it // chunks) * NPROG, one K chunk): gate and up
+    # weights, and with LOAD_X the program's LayerNorm chunk; nothing past the program's last iteration
+    n_it: tl.constexpr = (F // GU_N // NPROG) * (D // GU_K)
     t = pid + (it // (D // GU_K)) * NPROG
-    ks = (it % (D // GU_K)) * GU_K + tl.arange(0, GU_K)
-    return w_ptr + (t * GU_N + tl.arange(0, GU_N))[:, None] * D + ks[None, :]
+    k0 = (it % (D // GU_K)) * GU_K
+    ks = k0 + tl.arange(0, GU_K)
+    wp = w_ptr + (t * GU_N + tl.arange(0, GU_N))[:, None] * D + ks[None, :]
+    live = it < n_it
+    h = tl.zeros([16, GU_K], hs_ptr.dtype.element_ty)
+    if LOAD_X:
+        h = tl.load(hs_ptr + (pid * M + rows[:, None]) * D + ks[None, :], mask=mrow[:, None] & live, other=0.0)
+    return tl.load(wp, mask=live, other=0.0), tl.load(wp + F * D, mask=live, other=0.0), h
 
 
 @triton.jit
-def _down_tile(w_ptr, it, pid, D: tl.constexpr, F: tl.constexpr, DN_N: tl.constexpr, DN_K: tl.constexpr,
-               DN_S: tl.constexpr, NPROG: tl.constexpr):
-    # iteration `it` of a program's down work: (column block, split) of tile pid + (it // chunks) * NPROG, K chunk
-    chunks = F // DN_S // DN_K
+def _down_chunk(w_ptr, act_ptr, it, pid, rows, mrow, D: tl.constexpr, F: tl.constexpr, DN_N: tl.constexpr,
+                DN_K: tl.constexpr, DN_S: tl.constexpr, NPROG: tl.constexpr, LOAD_X: tl.constexpr):
+    # iteration `it` of a program's down work: weights of (column block, split) of tile pid + (it // chunks) *
+    # NPROG at one K chunk, and with LOAD_X that chunk of act (written by other programs: past L1)
+    chunks: tl.constexpr = F // DN_S // DN_K
+    n_it: tl.constexpr = (D // DN_N * DN_S // NPROG) * chunks
     t = pid + (it // chunks) * NPROG
-    k0 = (t // (D // DN_N)) * (F // DN_S) + (it % chunks) * DN_K
+    ks = (t // (D // DN_N)) * (F // DN_S) + (it % chunks) * DN_K + tl.arange(0, DN_K)
     cols = (t % (D // DN_N)) * DN_N + tl.arange(0, DN_N)
-    return w_ptr + cols[:, None] * F + (k0 + tl.arange(0, DN_K))[None, :], cols, k0
+    live = it < n_it
+    a = tl.zeros([16, DN_K], act_ptr.dtype.element_ty)
+    if LOAD_X:
+        a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=mrow[:, None] & live, other=0.0,
+                    cache_modifier=".cg")
+    return tl.load(w_ptr + cols[:, None] * F + ks[None, :], mask=live, other=0.0), a
 
 
 @triton.jit
-def _gate_up(hs_ptr, w_ptr, b_ptr, act_ptr, wg, wu, pid, M, rows, mrow, D: tl.constexpr, F: tl.constexpr,
-             GU_N: tl.constexpr, GU_K: tl.constexpr, NPROG: tl.constexpr, IEEE: tl.constexpr):
-    # this program's gate/up tiles, SwiGLU into act; (wg, wu): the first chunk, already loaded. Each chunk's
-    # successor is loaded before the chunk is used, so a load is always in flight
+def _gate_up(hs_ptr, w_ptr, b_ptr, act_ptr, wg0, wu0, wg1, wu1, pid, M, rows, mrow, D: tl.constexpr,
+             F: tl.constexpr, GU_N: tl.constexpr, GU_K: tl.constexpr, NPROG: tl.constexpr, IEEE: tl.constexpr):
+    # this program's gate/up tiles, SwiGLU into act. The weights of iterations 0 and 1 are already loaded; each
+    # iteration issues the loads of the one two ahead (weights and LayerNorm chunk) before its own product
     chunks: tl.constexpr = D // GU_K
     n_it: tl.constexpr = (F // GU_N // NPROG) * chunks
+    _, _, h0 = _gu_chunk(w_ptr, hs_ptr, 0, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
+    _, _, h1 = _gu_chunk(w_ptr, hs_ptr, 1, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
     acc_g = tl.zeros([16, GU_N], tl.float32)
     acc_u = tl.zeros([16, GU_N], tl.float32)
     for it in range(n_it):
-        more = it + 1 < n_it
-        nxt = _gu_tile(w_ptr, it + 1, pid, D, GU_N, GU_K, NPROG)
-        wg_n = tl.load(nxt, mask=more, other=0.0)
-        wu_n = tl.load(nxt + F * D, mask=more, other=0.0)
-        k0 = (it % chunks) * GU_K
-        h = tl.load(hs_ptr + (pid * M + rows[:, None]) * D + k0 + tl.arange(0, GU_K)[None, :], mask=mrow[:, None],
-                    other=0.0)
-        acc_g = _dot(h, wg, acc_g, IEEE)
-        acc_u = _dot(h, wu, acc_u, IEEE)
+        wg2, wu2, h2 = _gu_chunk(w_ptr, hs_ptr, it + 2, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
+        acc_g = _dot(h0, wg0, acc_g, IEEE)
+        acc_u = _dot(h0, wu0, acc_u, IEEE)
         if it % chunks == chunks - 1:
             cols = (pid + (it // chunks) * NPROG) * GU_N + tl.arange(0, GU_N)
             g = acc_g + tl.load(b_ptr + cols).to(tl.float32)[None, :]
@@ -139,28 +152,28 @@ def _gate_up(hs_ptr, w_ptr, b_ptr, act_ptr, wg, wu, pid, M, rows, mrow, D: tl.co
                      mask=mrow[:, None])
             acc_g = tl.zeros([16, GU_N], tl.float32)
             acc_u = tl.zeros([16, GU_N], tl.float32)
-        wg, wu = wg_n, wu_n
+        wg0, wu0, h0, wg1, wu1, h1 = wg1, wu1, h1, wg2, wu2, h2
 
 
 @triton.jit
-def _down(act_ptr, w_ptr, dp_ptr, w, pid, M, rows, mrow, D: tl.constexpr, F: tl.constexpr, DN_N: tl.constexpr,
+def _down(act_ptr, w_ptr, dp_ptr, w0, w1, pid, M, rows, mrow, D: tl.constexpr, F: tl.constexpr, DN_N: tl.constexpr,
           DN_K: tl.constexpr, DN_S: tl.constexpr, NPROG: tl.constexpr, IEEE: tl.constexpr):
-    # this program's down tiles into the split-K partial sums; w: the first chunk, loaded before the barrier
+    # this program's down tiles into the split-K partial sums; w0, w1: the weights of iterations 0 and 1, loaded
+    # before the barrier; each iteration loads the weights and act chunk two ahead before its own product
     chunks: tl.constexpr = F // DN_S // DN_K
     n_it: tl.constexpr = (D // DN_N * DN_S // NPROG) * chunks
+    _, a0 = _down_chunk(w_ptr, act_ptr, 0, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
+    _, a1 = _down_chunk(w_ptr, act_ptr, 1, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
     acc = tl.zeros([16, DN_N], tl.float32)
     for it in range(n_it):
-        nxt, _, _ = _down_tile(w_ptr, it + 1, pid, D, F, DN_N, DN_K, DN_S, NPROG)
-        w_n = tl.load(nxt, mask=it + 1 < n_it, other=0.0)
-        _, cols, k0 = _down_tile(w_ptr, it, pid, D, F, DN_N, DN_K, DN_S, NPROG)
-        a = tl.load(act_ptr + rows[:, None] * F + k0 + tl.arange(0, DN_K)[None, :], mask=mrow[:, None], other=0.0,
-                    cache_modifier=".cg")
-        acc = _dot(a, w, acc, IEEE)
+        w2, a2 = _down_chunk(w_ptr, act_ptr, it + 2, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
+        acc = _dot(a0, w0, acc, IEEE)
         if it % chunks == chunks - 1:
-            split = k0 // (F // DN_S)
-            tl.store(dp_ptr + (split * M + rows[:, None]) * D + cols[None, :], acc, mask=mrow[:, None])
+            t = pid + (it // chunks) * NPROG
+            cols = (t % (D // DN_N)) * DN_N + tl.arange(0, DN_N)
+            tl.store(dp_ptr + ((t // (D // DN_N)) * M + rows[:, None]) * D + cols[None, :], acc, mask=mrow[:, None])
             acc = tl.zeros([16, DN_N], tl.float32)
-        w = w_n
+        w0, a0, w1, a1 = w1, a1, w2, a2
 
 
 @triton.jit
@@ -175,23 +188,25 @@ def _mlp_half_kernel(x_ptr, pp_ptr, pb_ptr, gw_ptr, gb_ptr, dw_ptr, db_ptr, hs_p
     rows = tl.arange(0, 16)
     mrow = rows < M
     barriers: tl.constexpr = PHASES == 7
-    if PHASES & 1:      # the first gate/up chunk: weights, no kernel writes them, so before the PDL wait
-        first = _gu_tile(gw_ptr, 0, pid, D, GU_N, GU_K, NPROG)
-        wg = tl.load(first)
-        wu = tl.load(first + F * D)
+    if PHASES & 1:      # the first two gate/up chunks: weights, no kernel writes them, so before the PDL wait
+        wg0, wu0, _ = _gu_chunk(gw_ptr, hs_ptr, 0, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, False)
+        wg1, wu1, _ = _gu_chunk(gw_ptr, hs_ptr, 1, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, False)
     if PHASES & 2 and not barriers:
-        wd = tl.load(_down_tile(dw_ptr, 0, pid, D, F, DN_N, DN_K, DN_S, NPROG)[0])
+        wd0, _ = _down_chunk(dw_ptr, act_ptr, 0, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, False)
+        wd1, _ = _down_chunk(dw_ptr, act_ptr, 1, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, False)
     _wait_previous(PDL)
     x1, h1, at, m = _residual_ln(x_ptr, pp_ptr, pb_ptr, M, S, eps, D, M_PAD, D_PAD, S_PAD, False)
     if PHASES & 1:
         tl.store(hs_ptr + pid * M * D + at, h1.to(hs_ptr.dtype.element_ty), mask=m)
         tl.debug_barrier()
-        _gate_up(hs_ptr, gw_ptr, gb_ptr, act_ptr, wg, wu, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, IEEE)
-    if barriers:        # the first down chunk in flight while the others finish gate/up
-        wd = tl.load(_down_tile(dw_ptr, 0, pid, D, F, DN_N, DN_K, DN_S, NPROG)[0])
+        _gate_up(hs_ptr, gw_ptr, gb_ptr, act_ptr, wg0, wu0, wg1, wu1, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG,
+                 IEEE)
+    if barriers:        # the first two down chunks in flight while the others finish gate/up
+        wd0, _ = _down_chunk(dw_ptr, act_ptr, 0, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, False)
+        wd1, _ = _down_chunk(dw_ptr, act_ptr, 1, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, False)
         _grid_barrier(bar_ptr, NPROG, True)
     if PHASES & 2:
-        _down(act_ptr, dw_ptr, dp_ptr, wd, pid, M, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, IEEE)
+        _down(act_ptr, dw_ptr, dp_ptr, wd0, wd1, pid, M, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, IEEE)
     if barriers:
         _grid_barrier(bar_ptr, NPROG, pid == 0)
     if PHASES & 4:

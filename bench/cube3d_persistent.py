@@ -17,7 +17,7 @@ from dataclasses import asdict
 import torch
 
 from inference.config import Cube3DConfig
-from inference.persistent_mlp import MlpPlan, MlpScratch, mlp_half
+from inference.persistent_mlp import MlpPlan, MlpScratch, _mlp_half_kernel, mlp_half
 from inference.triton_ops import Launch, TritonOps
 
 PLANS = {
@@ -27,6 +27,8 @@ PLANS = {
     "p128_n16_k512_w16": MlpPlan(warps=16),
     "p96_n32_k256_w8": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=256, down_k=256),
     "p96_n32_k512_w8": MlpPlan(programs=96, gu_cols=32, down_cols=32),
+    "p128_n16_k256_w8_fma": MlpPlan(gu_k=256, down_k=256, dot=False),
+    "p128_n16_k512_w8_fma": MlpPlan(dot=False),
 }
 
 
@@ -121,6 +123,18 @@ def timings(cfg: Cube3DConfig, plans: dict[str, MlpPlan], n_layers: int, rounds:
                    "min_us_per_layer": min(s) / n_layers, "replays": len(s)} for name, s in samples.items()}
 
 
+def compiled() -> list[str]:
+    """Registers and spills of each compiled persistent kernel (for reading the timings), as Triton reports them."""
+    out = []
+    try:
+        for cache in _mlp_half_kernel.device_caches.values():
+            for key, kernel in cache[0].items():
+                out.append(f"regs {kernel.n_regs} spills {kernel.n_spills} warps {kernel.metadata.num_warps}: {key}")
+    except (AttributeError, TypeError, IndexError) as exc:     # Triton's cache layout differs by version
+        out.append(f"not read: {exc!r}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -140,6 +154,7 @@ def main() -> None:
         result[key] = errors(cfg, which, dtype, depth)
         print(key, json.dumps(result[key]), flush=True)
     result["timings"] = timings(cfg, plans, args.layers, args.rounds, args.replays)
+    result["compiled"] = compiled()
     print(json.dumps(result["timings"], indent=1), flush=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)

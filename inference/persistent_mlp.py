@@ -223,9 +223,9 @@ def _mlp_half_kernel(x_ptr, pp_ptr, pb_ptr, gw_ptr, gb_ptr, dw_ptr, db_ptr, hs_p
         if pid == 0:
             tl.store(x_ptr + at, x1, mask=m)
             tl.debug_barrier()
-            x2, h2, _, _ = _residual_ln(x_ptr, dp_ptr, db_ptr, M, DN_S, eps, D, M_PAD, D_PAD, DS_PAD, True)
-            tl.store(x_ptr + at, x2, mask=m)
-            tl.store(h_ptr + at, h2.to(h_ptr.dtype.element_ty), mask=m)
+            last = _residual_ln(x_ptr, dp_ptr, db_ptr, M, DN_S, eps, D, M_PAD, D_PAD, DS_PAD, True)
+            tl.store(x_ptr + at, last[0], mask=m)
+            tl.store(h_ptr + at, last[1].to(h_ptr.dtype.element_ty), mask=m)
 
 
 def _pdl(device: torch.device) -> dict:

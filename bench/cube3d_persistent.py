@@ -27,6 +27,9 @@ PLANS = {
     "p128_n16_k512_w16": MlpPlan(warps=16),
     "p96_n32_k256_w8": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=256, down_k=256),
     "p96_n32_k512_w8": MlpPlan(programs=96, gu_cols=32, down_cols=32),
+    "p96_n32_k256_w4": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=256, down_k=256, warps=4),
+    "p64_n32_k256_w8": MlpPlan(programs=64, gu_cols=32, down_cols=32, gu_k=256, down_k=256),
+    "p96_n64_k128_w8": MlpPlan(programs=96, gu_cols=64, down_cols=64, gu_k=128, down_k=128),
     "p128_n16_k256_w8_fma": MlpPlan(gu_k=256, down_k=256, dot=False),
     "p128_n16_k512_w8_fma": MlpPlan(dot=False),
 }
@@ -41,20 +44,29 @@ def _layers(cfg: Cube3DConfig, n: int, dtype: torch.dtype, device: str) -> list[
     return [(rnd(2 * f, d), rnd(2 * f), rnd(d, f), rnd(d)) for _ in range(n)]
 
 
-def _chains(layers, pp, pb, eps, plan: MlpPlan | None, apart: bool = False):
-    """The MLP halves of all layers in order, on x in place: the engine's kernels (plan None) or the persistent one."""
+def _chains(layers, pp, pb, eps, plan: MlpPlan | None, launches: tuple[int, ...] = (7,), piece: str = "all"):
+    """The MLP halves of all layers in order, on x in place: the engine's kernels (plan None; `piece` one of them
+    alone, on fixed inputs) or the persistent one (`launches` as `mlp_half` takes them)."""
     ops = TritonOps(Launch())
-    scratch = None if plan is None else MlpScratch(pp.shape[1], pp.shape[2], layers[0][2].shape[1], plan,
-                                                  layers[0][0].dtype, pp.device)
+    rows, d, f = pp.shape[1], pp.shape[2], layers[0][2].shape[1]
+    scratch = None if plan is None else MlpScratch(rows, d, f, plan, layers[0][0].dtype, pp.device)
+    h0 = torch.randn(rows, d, device=pp.device).to(layers[0][0].dtype)
+    act0 = torch.randn(rows, f, device=pp.device).to(layers[0][0].dtype)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         h = x
         for gw, gb, dw, db in layers:
-            if plan is None:
+            if plan is not None:
+                h = mlp_half(x, pp, pb, gw, gb, dw, db, eps, plan, scratch, launches)
+            elif piece == "ln":
+                h = ops.residual_layer_norm(x, pp, pb, eps)
+            elif piece == "gate_up":
+                h = ops.linear_swiglu(h0, gw, gb)
+            elif piece == "down":
+                h = ops.linear_parts(act0, dw)
+            else:
                 h = ops.residual_layer_norm(x, pp, pb, eps)
                 h = ops.residual_layer_norm(x, ops.linear_parts(ops.linear_swiglu(h, gw, gb), dw), db, eps)
-            else:
-                h = mlp_half(x, pp, pb, gw, gb, dw, db, eps, plan, scratch, phases_apart=apart)
         return h
     return run
 
@@ -103,17 +115,23 @@ def errors(cfg: Cube3DConfig, plans: dict[str, MlpPlan], dtype: torch.dtype, n_l
     return out
 
 
-def timings(cfg: Cube3DConfig, plans: dict[str, MlpPlan], n_layers: int, rounds: int, replays: int) -> dict:
-    """Median microseconds per layer's MLP half for each variant, rounds interleaved."""
+def timings(cfg: Cube3DConfig, plans: dict[str, MlpPlan], n_layers: int, rounds: int, replays: int,
+            breakdown: tuple[str, ...] = ()) -> dict:
+    """Median microseconds per layer's MLP half for each variant, rounds interleaved; for the plans in `breakdown`
+    also each phase as a launch of its own, and the engine's kernels one kind at a time."""
     layers = _layers(cfg, n_layers, torch.bfloat16, "cuda")
     pp = torch.randn(3, 2, cfg.n_embd, device="cuda")
     pb = (torch.randn(cfg.n_embd, device="cuda") * 0.02).to(torch.bfloat16)
     x0 = torch.randn(2, cfg.n_embd, device="cuda").to(torch.bfloat16)
     x = x0.clone()
-    variants = {"engine_4_kernels": (None, False)}
-    variants.update({f"persistent_{k}": (p, False) for k, p in plans.items()})
-    variants.update({f"apart_{k}": (p, True) for k, p in list(plans.items())[:1]})
-    graphs = {name: _graph(_chains(layers, pp, pb, cfg.eps, p, apart), x) for name, (p, apart) in variants.items()}
+    variants: dict[str, tuple] = {"engine_4_kernels": (None, (7,), "all")}
+    variants.update({f"persistent_{k}": (p, (7,), "all") for k, p in plans.items()})
+    for piece in breakdown and ("ln", "gate_up", "down"):
+        variants[f"engine_only_{piece}"] = (None, (7,), piece)
+    for k in breakdown:
+        for launches in ((1, 2, 4), (1,), (2,), (4,)):
+            variants[f"launches_{'_'.join(map(str, launches))}_{k}"] = (plans[k], launches, "all")
+    graphs = {name: _graph(_chains(layers, pp, pb, cfg.eps, *v), x) for name, v in variants.items()}
     samples: dict[str, list[float]] = {name: [] for name in graphs}
     for _ in range(rounds):
         for name, graph in graphs.items():
@@ -142,6 +160,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=60)
     parser.add_argument("--plans", default=",".join(PLANS))
+    parser.add_argument("--breakdown", default="", help="plans to time phase by phase too (comma-separated)")
+    parser.add_argument("--no-errors", action="store_true")
     args = parser.parse_args()
     cfg = Cube3DConfig.from_name("v0.1")
     plans = {k: PLANS[k] for k in args.plans.split(",")}
@@ -149,11 +169,12 @@ def main() -> None:
               "plans": {k: asdict(p) for k, p in plans.items()},
               "weight_bytes_per_layer": 3 * cfg.n_embd * cfg.mlp_hidden * 2}
     f32_plans = dict(list(plans.items())[:2])
-    for key, dtype, depth, which in (("error_bf16", torch.bfloat16, 24, plans),
+    for key, dtype, depth, which in () if args.no_errors else (("error_bf16", torch.bfloat16, 24, plans),
                                      ("error_float32", torch.float32, 4, f32_plans)):
         result[key] = errors(cfg, which, dtype, depth)
         print(key, json.dumps(result[key]), flush=True)
-    result["timings"] = timings(cfg, plans, args.layers, args.rounds, args.replays)
+    breakdown = tuple(k for k in args.breakdown.split(",") if k)
+    result["timings"] = timings(cfg, plans, args.layers, args.rounds, args.replays, breakdown)
     result["compiled"] = compiled()
     print(json.dumps(result["timings"], indent=1), flush=True)
     with open(args.out, "w") as fh:

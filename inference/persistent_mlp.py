@@ -10,7 +10,7 @@ after the second barrier.
 
 The barrier counter only grows (int64): a barrier's target is the next multiple of the grid size above the value a
 program's arrival returned, so CUDA graph replays need no reset. Triton's CPU interpreter runs programs one after
-another, where a grid barrier cannot work: there (`phases_apart=True`) the three phases run as three launches.
+another, where a grid barrier cannot work: there (`launches=(1, 2, 4)`) the three phases run as three launches.
 """
 
 from __future__ import annotations
@@ -234,10 +234,12 @@ def _pdl(device: torch.device) -> dict:
 
 
 def mlp_half(x: Tensor, proj_parts: Tensor, proj_b: Tensor, gu_w: Tensor, gu_b: Tensor, down_w: Tensor,
-             down_b: Tensor, eps: float, plan: MlpPlan, scratch: MlpScratch, phases_apart: bool = False) -> Tensor:
+             down_b: Tensor, eps: float, plan: MlpPlan, scratch: MlpScratch,
+             launches: tuple[int, ...] = (7,)) -> Tensor:
     """x += sum(proj_parts) + proj_b; x += down(SwiGLU(gate/up(LayerNorm(x)))) + down_b, in place; returns
     LayerNorm(x): what `residual_layer_norm`, `linear_swiglu`, `linear_parts` and `residual_layer_norm` compute.
-    x: [R, D]; proj_parts: [S, R, D] float32; gu_w: [2F, D]; down_w: [D, F]."""
+    x: [R, D]; proj_parts: [S, R, D] float32; gu_w: [2F, D]; down_w: [D, F]. launches: the phases (bits 1, 2, 4)
+    of each launch: (7,) all in one with grid barriers; (1, 2, 4) one launch each (the interpreter; timing one)."""
     rows, d = x.shape
     f = down_w.shape[1]
     plan.check(d, f, sm_count(x.device))
@@ -247,7 +249,7 @@ def mlp_half(x: Tensor, proj_parts: Tensor, proj_b: Tensor, gu_w: Tensor, gu_b: 
                   DS_PAD=triton.next_power_of_2(plan.down_splits), GU_N=plan.gu_cols, GU_K=plan.gu_k,
                   DN_N=plan.down_cols, DN_K=plan.down_k, DN_S=plan.down_splits, NPROG=plan.programs, DOT=plan.dot,
                   IEEE=x.dtype == torch.float32, num_warps=plan.warps, num_stages=1, **_pdl(x.device))
-    for phases in ((1, 2, 4) if phases_apart else (7,)):
+    for phases in launches:
         _mlp_half_kernel[(plan.programs,)](x, proj_parts, proj_b, gu_w, gu_b, down_w, down_b, scratch.h_own,
                                            scratch.act, scratch.down_parts, h, scratch.barrier, rows,
                                            proj_parts.shape[0], eps, PHASES=phases, **consts)

@@ -30,6 +30,9 @@ PLANS = {
     "p96_n32_k256_w4": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=256, down_k=256, warps=4),
     "p64_n32_k256_w8": MlpPlan(programs=64, gu_cols=32, down_cols=32, gu_k=256, down_k=256),
     "p96_n64_k128_w8": MlpPlan(programs=96, gu_cols=64, down_cols=64, gu_k=128, down_k=128),
+    "p96_n32_k256_w8_s3": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=256, down_k=256, stages=3),
+    "p128_n16_k256_w4_s3": MlpPlan(gu_k=256, down_k=256, warps=4, stages=3),
+    "p96_n32_k128_w4_s4": MlpPlan(programs=96, gu_cols=32, down_cols=32, gu_k=128, down_k=128, warps=4, stages=4),
     "p128_n16_k256_w8_fma": MlpPlan(gu_k=256, down_k=256, dot=False),
     "p128_n16_k512_w8_fma": MlpPlan(dot=False),
 }

@@ -37,6 +37,7 @@ class MlpPlan:
     down_splits: int = 4    # split-K of down, summed in a fixed order by the last phase
     warps: int = 8
     dot: bool = True        # tl.dot (rows padded to 16) or multiply-adds on the CUDA cores
+    stages: int = 0         # 0: loads two chunks ahead by hand (across the barriers); else Triton's pipeline depth
 
     def check(self, d: int, f: int, sms: int) -> None:
         """Raise ValueError where the tiles do not divide the shapes or the grid could outgrow the chip."""
@@ -139,51 +140,86 @@ def _down_chunk(w_ptr, act_ptr, it, pid, rows, mrow, D: tl.constexpr, F: tl.cons
 
 
 @triton.jit
+def _swiglu_store(acc_g, acc_u, b_ptr, act_ptr, it, pid, rows, mrow, D: tl.constexpr, F: tl.constexpr,
+                  GU_N: tl.constexpr, GU_K: tl.constexpr, NPROG: tl.constexpr):
+    # the tile that iteration `it` ends: biases, silu(gate) * up into act
+    cols = (pid + (it // (D // GU_K)) * NPROG) * GU_N + tl.arange(0, GU_N)
+    g = acc_g + tl.load(b_ptr + cols).to(tl.float32)[None, :]
+    u = acc_u + tl.load(b_ptr + F + cols).to(tl.float32)[None, :]
+    tl.store(act_ptr + rows[:, None] * F + cols[None, :], (g * tl.sigmoid(g) * u).to(act_ptr.dtype.element_ty),
+             mask=mrow[:, None])
+
+
+@triton.jit
 def _gate_up(hs_ptr, w_ptr, b_ptr, act_ptr, wg0, wu0, wg1, wu1, pid, M, rows, mrow, D: tl.constexpr,
              F: tl.constexpr, GU_N: tl.constexpr, GU_K: tl.constexpr, NPROG: tl.constexpr, DOT: tl.constexpr,
-             IEEE: tl.constexpr):
-    # this program's gate/up tiles, SwiGLU into act. The weights of iterations 0 and 1 are already loaded; each
-    # iteration issues the loads of the one two ahead (weights and LayerNorm chunk) before its own product
+             IEEE: tl.constexpr, STAGES: tl.constexpr):
+    # this program's gate/up tiles, SwiGLU into act. STAGES 0: the weights of iterations 0 and 1 are already
+    # loaded and each iteration issues the loads of the one two ahead (weights and LayerNorm chunk) before its own
+    # product; else Triton's software pipeline over the iterations (the early loads unused)
     chunks: tl.constexpr = D // GU_K
     n_it: tl.constexpr = (F // GU_N // NPROG) * chunks
-    _, _, h0 = _gu_chunk(w_ptr, hs_ptr, 0, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
-    _, _, h1 = _gu_chunk(w_ptr, hs_ptr, 1, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
     acc_g = tl.zeros([rows.shape[0], GU_N], tl.float32)
     acc_u = tl.zeros([rows.shape[0], GU_N], tl.float32)
-    for it in range(n_it):
-        wg2, wu2, h2 = _gu_chunk(w_ptr, hs_ptr, it + 2, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
-        acc_g = _mac(h0, wg0, acc_g, DOT, IEEE)
-        acc_u = _mac(h0, wu0, acc_u, DOT, IEEE)
-        if it % chunks == chunks - 1:
-            cols = (pid + (it // chunks) * NPROG) * GU_N + tl.arange(0, GU_N)
-            g = acc_g + tl.load(b_ptr + cols).to(tl.float32)[None, :]
-            u = acc_u + tl.load(b_ptr + F + cols).to(tl.float32)[None, :]
-            tl.store(act_ptr + rows[:, None] * F + cols[None, :], (g * tl.sigmoid(g) * u).to(act_ptr.dtype.element_ty),
-                     mask=mrow[:, None])
-            acc_g = tl.zeros([rows.shape[0], GU_N], tl.float32)
-            acc_u = tl.zeros([rows.shape[0], GU_N], tl.float32)
-        wg0, wu0, h0, wg1, wu1, h1 = wg1, wu1, h1, wg2, wu2, h2
+    if STAGES:
+        for it in tl.range(n_it, num_stages=STAGES):
+            wg, wu, h = _gu_chunk(w_ptr, hs_ptr, it, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
+            acc_g = _mac(h, wg, acc_g, DOT, IEEE)
+            acc_u = _mac(h, wu, acc_u, DOT, IEEE)
+            if it % chunks == chunks - 1:
+                _swiglu_store(acc_g, acc_u, b_ptr, act_ptr, it, pid, rows, mrow, D, F, GU_N, GU_K, NPROG)
+                acc_g = tl.zeros([rows.shape[0], GU_N], tl.float32)
+                acc_u = tl.zeros([rows.shape[0], GU_N], tl.float32)
+    else:
+        _, _, h0 = _gu_chunk(w_ptr, hs_ptr, 0, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
+        _, _, h1 = _gu_chunk(w_ptr, hs_ptr, 1, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
+        for it in range(n_it):
+            wg2, wu2, h2 = _gu_chunk(w_ptr, hs_ptr, it + 2, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG, True)
+            acc_g = _mac(h0, wg0, acc_g, DOT, IEEE)
+            acc_u = _mac(h0, wu0, acc_u, DOT, IEEE)
+            if it % chunks == chunks - 1:
+                _swiglu_store(acc_g, acc_u, b_ptr, act_ptr, it, pid, rows, mrow, D, F, GU_N, GU_K, NPROG)
+                acc_g = tl.zeros([rows.shape[0], GU_N], tl.float32)
+                acc_u = tl.zeros([rows.shape[0], GU_N], tl.float32)
+            wg0, wu0, h0, wg1, wu1, h1 = wg1, wu1, h1, wg2, wu2, h2
+
+
+@triton.jit
+def _down_store(acc, dp_ptr, it, pid, M, rows, mrow, D: tl.constexpr, F: tl.constexpr, DN_N: tl.constexpr,
+                DN_K: tl.constexpr, DN_S: tl.constexpr, NPROG: tl.constexpr):
+    # the tile that iteration `it` ends: its split's partial sums
+    t = pid + (it // (F // DN_S // DN_K)) * NPROG
+    cols = (t % (D // DN_N)) * DN_N + tl.arange(0, DN_N)
+    tl.store(dp_ptr + ((t // (D // DN_N)) * M + rows[:, None]) * D + cols[None, :], acc, mask=mrow[:, None])
 
 
 @triton.jit
 def _down(act_ptr, w_ptr, dp_ptr, w0, w1, pid, M, rows, mrow, D: tl.constexpr, F: tl.constexpr, DN_N: tl.constexpr,
-          DN_K: tl.constexpr, DN_S: tl.constexpr, NPROG: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
-    # this program's down tiles into the split-K partial sums; w0, w1: the weights of iterations 0 and 1, loaded
-    # before the barrier; each iteration loads the weights and act chunk two ahead before its own product
+          DN_K: tl.constexpr, DN_S: tl.constexpr, NPROG: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+          STAGES: tl.constexpr):
+    # this program's down tiles into the split-K partial sums. STAGES 0: w0, w1 are the weights of iterations 0
+    # and 1, loaded before the barrier, and each iteration loads the weights and act chunk two ahead before its
+    # own product; else Triton's software pipeline
     chunks: tl.constexpr = F // DN_S // DN_K
     n_it: tl.constexpr = (D // DN_N * DN_S // NPROG) * chunks
-    _, a0 = _down_chunk(w_ptr, act_ptr, 0, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
-    _, a1 = _down_chunk(w_ptr, act_ptr, 1, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
     acc = tl.zeros([rows.shape[0], DN_N], tl.float32)
-    for it in range(n_it):
-        w2, a2 = _down_chunk(w_ptr, act_ptr, it + 2, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
-        acc = _mac(a0, w0, acc, DOT, IEEE)
-        if it % chunks == chunks - 1:
-            t = pid + (it // chunks) * NPROG
-            cols = (t % (D // DN_N)) * DN_N + tl.arange(0, DN_N)
-            tl.store(dp_ptr + ((t // (D // DN_N)) * M + rows[:, None]) * D + cols[None, :], acc, mask=mrow[:, None])
-            acc = tl.zeros([rows.shape[0], DN_N], tl.float32)
-        w0, a0, w1, a1 = w1, a1, w2, a2
+    if STAGES:
+        for it in tl.range(n_it, num_stages=STAGES):
+            w, a = _down_chunk(w_ptr, act_ptr, it, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
+            acc = _mac(a, w, acc, DOT, IEEE)
+            if it % chunks == chunks - 1:
+                _down_store(acc, dp_ptr, it, pid, M, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG)
+                acc = tl.zeros([rows.shape[0], DN_N], tl.float32)
+    else:
+        _, a0 = _down_chunk(w_ptr, act_ptr, 0, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
+        _, a1 = _down_chunk(w_ptr, act_ptr, 1, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
+        for it in range(n_it):
+            w2, a2 = _down_chunk(w_ptr, act_ptr, it + 2, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, True)
+            acc = _mac(a0, w0, acc, DOT, IEEE)
+            if it % chunks == chunks - 1:
+                _down_store(acc, dp_ptr, it, pid, M, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG)
+                acc = tl.zeros([rows.shape[0], DN_N], tl.float32)
+            w0, a0, w1, a1 = w1, a1, w2, a2
 
 
 @triton.jit
@@ -191,7 +227,8 @@ def _mlp_half_kernel(x_ptr, pp_ptr, pb_ptr, gw_ptr, gb_ptr, dw_ptr, db_ptr, hs_p
                      M, S, eps, D: tl.constexpr, F: tl.constexpr, M_PAD: tl.constexpr, D_PAD: tl.constexpr,
                      S_PAD: tl.constexpr, DS_PAD: tl.constexpr, GU_N: tl.constexpr, GU_K: tl.constexpr,
                      DN_N: tl.constexpr, DN_K: tl.constexpr, DN_S: tl.constexpr, NPROG: tl.constexpr,
-                     PHASES: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                     PHASES: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr,
+                     PDL: tl.constexpr):
     # PHASES (bits): 1 residual + LayerNorm and gate/up, 2 down, 4 the last residual + LayerNorm; 7 is the whole
     # MLP half in one launch with grid barriers between the phases, anything else one phase alone (interpreter)
     pid = tl.program_id(0)
@@ -210,13 +247,14 @@ def _mlp_half_kernel(x_ptr, pp_ptr, pb_ptr, gw_ptr, gb_ptr, dw_ptr, db_ptr, hs_p
         tl.store(hs_ptr + pid * M * D + at, h1.to(hs_ptr.dtype.element_ty), mask=m)
         tl.debug_barrier()
         _gate_up(hs_ptr, gw_ptr, gb_ptr, act_ptr, wg0, wu0, wg1, wu1, pid, M, rows, mrow, D, F, GU_N, GU_K, NPROG,
-                 DOT, IEEE)
+                 DOT, IEEE, STAGES)
     if barriers:        # the first two down chunks in flight while the others finish gate/up
         wd0, _ = _down_chunk(dw_ptr, act_ptr, 0, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, False)
         wd1, _ = _down_chunk(dw_ptr, act_ptr, 1, pid, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, False)
         _grid_barrier(bar_ptr, NPROG, True)
     if PHASES & 2:
-        _down(act_ptr, dw_ptr, dp_ptr, wd0, wd1, pid, M, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, DOT, IEEE)
+        _down(act_ptr, dw_ptr, dp_ptr, wd0, wd1, pid, M, rows, mrow, D, F, DN_N, DN_K, DN_S, NPROG, DOT, IEEE,
+              STAGES)
     if barriers:
         _grid_barrier(bar_ptr, NPROG, pid == 0)
     if PHASES & 4:
@@ -248,6 +286,7 @@ def mlp_half(x: Tensor, proj_parts: Tensor, proj_b: Tensor, gu_w: Tensor, gu_b: 
                   S_PAD=triton.next_power_of_2(proj_parts.shape[0]),
                   DS_PAD=triton.next_power_of_2(plan.down_splits), GU_N=plan.gu_cols, GU_K=plan.gu_k,
                   DN_N=plan.down_cols, DN_K=plan.down_k, DN_S=plan.down_splits, NPROG=plan.programs, DOT=plan.dot,
+                  STAGES=plan.stages,
                   IEEE=x.dtype == torch.float32, num_warps=plan.warps, num_stages=1, **_pdl(x.device))
     for phases in launches:
         _mlp_half_kernel[(plan.programs,)](x, proj_parts, proj_b, gu_w, gu_b, down_w, down_b, scratch.h_own,

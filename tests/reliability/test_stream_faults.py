@@ -91,8 +91,8 @@ def env(tmp_path_factory):
         repo = stream_repo(folder / "repo", services, (VIEW,))
         stream = stream_env.StreamProcess(repo, folder / "stream.log")
         try:
-            stream.wait_running()
-            with feature_server(repo.folder, "--timeout", "0.5") as url:
+            with feature_server(repo.folder, "--timeout", "0.5") as url:  # starts while the stream's job does
+                stream.wait_running()
                 env = Env(folder, services, repo, repo.views()[0], stream, url, FaultLog(), random.Random(3))
                 env.produce(env.add(env.events(1_500)))
                 env.assert_exact()

@@ -1,7 +1,8 @@
 """A Flink session cluster started by `featurectl services up --flink 2` (a JobManager and two TaskManagers from
 PyFlink's distribution, on free ports, its state in a temporary folder, stopped by its pids): backfill and stream
 run on it at parallelism 2 and are exact against the oracles, through a TaskManager SIGKILL and a stream client
-SIGKILL whose job the restart takes over. One cluster serves the whole module (it takes 10 to 20 s to start)."""
+SIGKILL whose job the restart takes over. One cluster serves the whole module (it takes 10 to 20 s to start), and one
+stream repo the tests that kill its client and restart it."""
 
 from __future__ import annotations
 
@@ -121,111 +122,116 @@ def stream_jobs(cluster: Cluster, repo: StreamRepo) -> list[dict]:
     return [job for job in cluster.rest.jobs() if job["name"].startswith(f"featurectl stream {repo.project}.")]
 
 
-def session_repo(cluster: Cluster, tmp_path: Path, name: str, parallelism: int) -> StreamRepo:
-    """A stream repo of `asset_activity` whose streams run on the session cluster at `parallelism`."""
-    repo = StreamRepo.create(tmp_path / "repo", ("asset_activity",), name=name)
+@dataclass
+class SessionStream:
+    """A stream repo of `asset_activity` whose streams run on the session cluster at parallelism 2, and the
+    `featurectl stream` running it now."""
+    repo: StreamRepo
+    folder: Path
+    stream: StreamProcess | None = None
+    starts: int = 0
+
+    def start(self, *args: str) -> dict:
+        """Start `featurectl stream` (again, after its client was killed); the status it runs with."""
+        self.starts += 1
+        self.stream = StreamProcess(self.repo, self.folder / f"stream-{self.starts}.log", *args)
+        return self.stream.wait_running()
+
+
+@pytest.fixture(scope="module")
+def session_stream(cluster, tmp_path_factory):
+    """One stream repo for the tests that kill a stream's client and restart it, since a stream start on the
+    cluster costs a Python, a JVM and a job submission: each test takes over the stream running and leaves its
+    restart running. Only the first produces events. The last restart must stop cleanly, no job left running."""
+    folder = tmp_path_factory.mktemp("session_stream")
+    repo = StreamRepo.create(folder / "repo", ("asset_activity",), name="stream_session")
     settings = yaml.safe_load((repo.folder / "feature_store.yaml").read_text())
-    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": parallelism}
+    settings["platform"]["flink"] = {"jobmanager": cluster.address, "parallelism": 2}
     (repo.folder / "feature_store.yaml").write_text(yaml.safe_dump(settings))
-    return repo
-
-
-def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_killed(cluster, tmp_path):
-    """Parallelism 2 on the cluster. A TaskManager SIGKILLed: the job restarts from its checkpoint on the slots
-    left. The client SIGKILLed: its job runs on; the restart stops it with a savepoint and restores that. Served
-    values end equal to the oracle over every event, every dead letter written once."""
-    repo = session_repo(cluster, tmp_path, "stream_session", parallelism=2)
-    view = repo.views()[0]
-    rng, log = random.Random(20), stream_env.EventLog()
-    parts = exactness.interaction_parts(log, rng, 3, 1_500, 40 * MINUTE, 20, late_share=0.01)
-    on_time_after = [len([e for e in log.on_time if e["event_time"] < T0 + (i + 1) * 40 * MINUTE]) for i in range(3)]
-    stream = StreamProcess(repo, tmp_path / "stream-1.log")
+    running = SessionStream(repo, folder)
     try:
-        first = stream.wait_running()
-        jobs = stream_jobs(cluster, repo)
-        assert [(j["jid"], j["state"]) for j in jobs] == [(first["flink_job_id"], "RUNNING")], jobs
-        stream_env.produce(repo.topic, parts[0])
-        applied = stream.wait_events({"asset_activity": on_time_after[0]})
-        stream.wait(lambda s: (s.get("checkpoint") or {}).get("at", "") > applied["updated_at"],
-                    "a checkpoint after the first part")
-
-        killed = cluster.taskmanager(busy_taskmanager(cluster))
-        os.kill(killed.pid(), signal.SIGKILL)
-        stream_env.produce(repo.topic, parts[1])
-        applied = stream.wait_events({"asset_activity": on_time_after[1]})
-        restored = featurectl("--repo", str(cluster.repo), "services", "up", "--only", "flink", "--flink", "2")
-        assert restored.returncode == 0 and f"{killed.name}: started" in restored.stdout, restored.stdout
-        stream.wait(lambda s: (s.get("checkpoint") or {}).get("at", "") > applied["updated_at"],
-                    "a checkpoint after the second part")
-
-        stream.kill()
-        orphan = first["flink_job_id"]
-        assert cluster.rest.state(orphan) == "RUNNING", "the job should outlive its killed client on a cluster"
-        stream_env.produce(repo.topic, parts[2])
-        stream = StreamProcess(repo, tmp_path / "stream-2.log")
-        status = stream.wait_running()
-        assert status["orphans_stopped"] == [orphan]
-        assert "/savepoints/savepoint-" in status["restored_from"], status["restored_from"]
-        assert cluster.rest.state(orphan) == "FINISHED"
-        stream.wait_events({"asset_activity": len(log.on_time)})
-
-        keys = sorted({e["asset_id"] for e in log.on_time})
-        want, got = stream_env.expected(view, log.on_time), stream_env.served(repo.project, view, keys)
-        assert not stream_env.mismatches(want, got, view.feature_names)
-        letters = stream_env.dead_letters(repo.topic, len(log.dead))
-        assert sorted(d["kafka_offset"] for d in letters) == sorted(log.dead), "dead letters lost or duplicated"
-        assert stream.stop() == 0
+        running.start()
+        yield running
+        assert running.stream.stop() == 0
         assert not [j for j in stream_jobs(cluster, repo) if j["state"] not in ENDED], "a job left running"
     finally:
-        stream.stop()
+        if running.stream:
+            running.stream.kill()
         for job in stream_jobs(cluster, repo):
             if job["state"] not in ENDED:
                 cluster.rest.cancel(job["jid"])
         repo.cleanup()
 
 
-def test_a_restart_with_other_sql_cancels_the_orphan_instead_of_restoring_it(cluster, tmp_path):
+def test_stream_on_the_session_cluster_survives_a_taskmanager_and_a_client_killed(cluster, session_stream):
+    """Parallelism 2 on the cluster. A TaskManager SIGKILLed: the job restarts from its checkpoint on the slots
+    left. The client SIGKILLed: its job runs on; the restart stops it with a savepoint and restores that. Served
+    values end equal to the oracle over every event, every dead letter written once."""
+    repo, stream = session_stream.repo, session_stream.stream
+    view = repo.views()[0]
+    rng, log = random.Random(20), stream_env.EventLog()
+    parts = exactness.interaction_parts(log, rng, 3, 1_500, 40 * MINUTE, 20, late_share=0.01)
+    on_time_after = [len([e for e in log.on_time if e["event_time"] < T0 + (i + 1) * 40 * MINUTE]) for i in range(3)]
+    first = stream.wait_running()
+    jobs = [j for j in stream_jobs(cluster, repo) if j["state"] not in ENDED]
+    assert [(j["jid"], j["state"]) for j in jobs] == [(first["flink_job_id"], "RUNNING")], jobs
+    stream_env.produce(repo.topic, parts[0])
+    applied = stream.wait_events({"asset_activity": on_time_after[0]})
+    stream.wait(lambda s: (s.get("checkpoint") or {}).get("at", "") > applied["updated_at"],
+                "a checkpoint after the first part")
+
+    killed = cluster.taskmanager(busy_taskmanager(cluster))
+    os.kill(killed.pid(), signal.SIGKILL)
+    stream_env.produce(repo.topic, parts[1])
+    applied = stream.wait_events({"asset_activity": on_time_after[1]})
+    restored = featurectl("--repo", str(cluster.repo), "services", "up", "--only", "flink", "--flink", "2")
+    assert restored.returncode == 0 and f"{killed.name}: started" in restored.stdout, restored.stdout
+    stream.wait(lambda s: (s.get("checkpoint") or {}).get("at", "") > applied["updated_at"],
+                "a checkpoint after the second part")
+
+    stream.kill()
+    orphan = first["flink_job_id"]
+    assert cluster.rest.state(orphan) == "RUNNING", "the job should outlive its killed client on a cluster"
+    stream_env.produce(repo.topic, parts[2])
+    status = session_stream.start()
+    assert status["orphans_stopped"] == [orphan]
+    assert "/savepoints/savepoint-" in status["restored_from"], status["restored_from"]
+    assert cluster.rest.state(orphan) == "FINISHED"
+    session_stream.stream.wait_events({"asset_activity": len(log.on_time)})
+
+    keys = sorted({e["asset_id"] for e in log.on_time})
+    want, got = stream_env.expected(view, log.on_time), stream_env.served(repo.project, view, keys)
+    assert not stream_env.mismatches(want, got, view.feature_names)
+    letters = stream_env.dead_letters(repo.topic, len(log.dead))
+    assert sorted(d["kafka_offset"] for d in letters) == sorted(log.dead), "dead letters lost or duplicated"
+
+
+def test_a_restart_with_other_sql_cancels_the_orphan_instead_of_restoring_it(cluster, session_stream):
     """A client killed, then restarted with `--reset` (a new generation, so other SQL): the orphan cannot be
     restored into the new job, so it is cancelled, not stopped with a savepoint; the new job runs from nothing."""
-    repo = session_repo(cluster, tmp_path, "stream_session_reset", parallelism=1)
-    stream = StreamProcess(repo, tmp_path / "stream-1.log")
-    try:
-        first = stream.wait_running()
-        stream.kill()
-        orphan = first["flink_job_id"]
-        assert cluster.rest.state(orphan) == "RUNNING"
-        stream = StreamProcess(repo, tmp_path / "stream-2.log", "--reset")
-        status = stream.wait_running()
-        assert status["orphans_stopped"] == [orphan] and status["fingerprint"] != first["fingerprint"]
-        assert cluster.rest.state(orphan) == "CANCELED" and not status["restored_from"]
-        assert [j["jid"] for j in stream_jobs(cluster, repo) if j["state"] == "RUNNING"] == [status["flink_job_id"]]
-        assert stream.stop() == 0
-    finally:
-        stream.kill()
-        repo.cleanup()
+    first = session_stream.stream.wait_running()
+    session_stream.stream.kill()
+    orphan = first["flink_job_id"]
+    assert cluster.rest.state(orphan) == "RUNNING"
+    status = session_stream.start("--reset")
+    assert status["orphans_stopped"] == [orphan] and status["fingerprint"] != first["fingerprint"]
+    assert cluster.rest.state(orphan) == "CANCELED" and not status["restored_from"]
+    running = [j["jid"] for j in stream_jobs(cluster, session_stream.repo) if j["state"] == "RUNNING"]
+    assert running == [status["flink_job_id"]]
 
 
-def test_an_orphan_whose_savepoint_fails_is_cancelled_and_its_checkpoint_restored(cluster, tmp_path):
+def test_an_orphan_whose_savepoint_fails_is_cancelled_and_its_checkpoint_restored(cluster, session_stream):
     """A client killed, and a file put where the savepoints folder goes: stopping the orphan with a savepoint fails,
     so it is cancelled instead and the restart restores the newest checkpoint the orphan left."""
-    repo = session_repo(cluster, tmp_path, "stream_session_nosave", parallelism=1)
-    stream = StreamProcess(repo, tmp_path / "stream-1.log")
-    try:
-        first = stream.wait_running()
-        stream.wait(lambda s: (s.get("checkpoint") or {}).get("at"), "a checkpoint")
-        stream.kill()
-        orphan = first["flink_job_id"]
-        assert cluster.rest.state(orphan) == "RUNNING"
-        home = read_statuses(repo.folder / "state")[0][0]
-        blocker = Path(savepoints(Storage.local(home).child("checkpoints", first["fingerprint"])).display)
-        shutil.rmtree(blocker, ignore_errors=True)
-        blocker.write_text("a file where Flink would make the savepoint folder")
-        stream = StreamProcess(repo, tmp_path / "stream-2.log")
-        status = stream.wait_running()
-        assert status["orphans_stopped"] == [orphan]
-        assert cluster.rest.state(orphan) == "CANCELED"
-        assert re.search(r"/chk-\d+$", status["restored_from"] or ""), status["restored_from"]
-        assert stream.stop() == 0
-    finally:
-        stream.kill()
-        repo.cleanup()
+    first = session_stream.stream.wait(lambda s: (s.get("checkpoint") or {}).get("at"), "a checkpoint")
+    session_stream.stream.kill()
+    orphan = first["flink_job_id"]
+    assert cluster.rest.state(orphan) == "RUNNING"
+    home = read_statuses(session_stream.repo.folder / "state")[0][0]
+    blocker = Path(savepoints(Storage.local(home).child("checkpoints", first["fingerprint"])).display)
+    shutil.rmtree(blocker, ignore_errors=True)
+    blocker.write_text("a file where Flink would make the savepoint folder")
+    status = session_stream.start()
+    assert status["orphans_stopped"] == [orphan]
+    assert cluster.rest.state(orphan) == "CANCELED"
+    assert re.search(r"/chk-\d+$", status["restored_from"] or ""), status["restored_from"]

@@ -12,6 +12,7 @@ import json
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,12 +88,14 @@ def env(tmp_path_factory):
     services = PrivateServices(folder / "services")
     try:
         services.redis.up()
-        services.kafka.up()
-        repo = stream_repo(folder / "repo", services, (VIEW,))
+        with ThreadPoolExecutor(1) as pool:  # Kafka's JVM starts while the repo is applied (that needs only Redis)
+            kafka = pool.submit(services.kafka.up)
+            repo = stream_repo(folder / "repo", services, (VIEW,))
+            kafka.result()
         stream = stream_env.StreamProcess(repo, folder / "stream.log")
         try:
-            stream.wait_running()
-            with feature_server(repo.folder, "--timeout", "0.5") as url:
+            with feature_server(repo.folder, "--timeout", "0.5") as url:  # starts while the stream's job does
+                stream.wait_running()
                 env = Env(folder, services, repo, repo.views()[0], stream, url, FaultLog(), random.Random(3))
                 env.produce(env.add(env.events(1_500)))
                 env.assert_exact()

@@ -179,9 +179,8 @@ def test_feast_apply_changes_nothing_and_the_sdk_reads_from_another_folder(tmp_p
     repo = copy_example_repo(tmp_path, project, {}, data_dir=tmp_path / "data")
     _featurectl(repo, apply)
     try:
-        plan, views = _feast(repo, ("plan",), ("feature-views", "list"))
-        before = _registered(repo)
-        _feast(repo, ("apply",))
+        before = _registered(repo)  # as featurectl registered it: `feast plan` must find it so and leave it so
+        plan, views, _ = _feast(repo, ("plan",), ("feature-views", "list"), ("apply",))
         after_feast_apply = _registered(repo)
         _write_attributes(repo, [{"asset_id": "a1", "category": "plant", "bbox_x": 1.5},
                                  {"asset_id": "a2", "category": "vehicle", "bbox_x": 4.0}])

@@ -4,7 +4,7 @@ change, `feast apply` changes nothing, the list commands and `registry-dump` sho
 
 Every repo keeps the default registry, `sqlite:///${HOME}/.featurectl/registry.db`, with HOME a scratch folder (in
 this process and in the subprocesses alike), and has a project name of its own: Feast's plan and apply also touch
-the shared Redis. Each `feast` subprocess costs a few seconds of imports, so each test asks what it needs at once.
+the shared Redis. Each `feast` process costs seconds of imports, so one process runs a test's commands in turn.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from click.testing import CliRunner
 
 from cli_helpers import ROOT, copy_example_repo
 
-FEAST = Path(sys.executable).parent / "feast"
 HISTORY_END = dt.datetime(2026, 3, 2, tzinfo=dt.timezone.utc)
 
 pytestmark = pytest.mark.integration
@@ -53,15 +52,30 @@ def _featurectl(repo: Path, command, *args: str) -> str:
     return result.output
 
 
+FEAST_COMMANDS = """\
+import contextlib, io, json, sys
+from feast.cli.cli import cli
+
+outputs = []
+for command in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            cli.main(command, prog_name="feast", standalone_mode=False)
+    except BaseException:
+        sys.exit(f"feast {' '.join(command)} failed:\\n{out.getvalue()}\\n{sys.exc_info()[1]!r}")
+    outputs.append(out.getvalue())
+print(json.dumps(outputs))
+"""
+
+
 def _feast(cwd: Path, *commands: tuple[str, ...]) -> list[str]:
-    """Feast's CLI in `cwd`, one process per command, the commands given together side by side (so give together
-    only commands that read); their outputs."""
-    running = [subprocess.Popen([str(FEAST), *command], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for command in commands]
-    done = [process.communicate(timeout=180) for process in running]
-    for command, process, (out, err) in zip(commands, running, done):
-        assert process.returncode == 0, f"feast {' '.join(command)} failed:\n{out}{err}"
-    return [out for out, _ in done]
+    """Feast's CLI (the click group that the `feast` executable runs) in `cwd`, the commands one after the other
+    in one fresh process; their outputs."""
+    done = subprocess.run([sys.executable, "-c", FEAST_COMMANDS, json.dumps(commands)], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"feast {commands} failed:\n{done.stdout}{done.stderr}"
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def _teardown(repo: Path) -> None:
@@ -165,9 +179,8 @@ def test_feast_apply_changes_nothing_and_the_sdk_reads_from_another_folder(tmp_p
     repo = copy_example_repo(tmp_path, project, {}, data_dir=tmp_path / "data")
     _featurectl(repo, apply)
     try:
-        plan, views = _feast(repo, ("plan",), ("feature-views", "list"))
-        before = _registered(repo)
-        _feast(repo, ("apply",))
+        before = _registered(repo)  # as featurectl registered it: `feast plan` must find it so and leave it so
+        plan, views, _ = _feast(repo, ("plan",), ("feature-views", "list"), ("apply",))
         after_feast_apply = _registered(repo)
         _write_attributes(repo, [{"asset_id": "a1", "category": "plant", "bbox_x": 1.5},
                                  {"asset_id": "a2", "category": "vehicle", "bbox_x": 4.0}])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import ROOT, chromium, cli_server, copy_example_repo, featurectl, free_port
+from cli_helpers import ROOT, chromium, cli_server, copy_example_repo, featurectl, free_port, sibling
 from featurectl.services.scratch_redis import stop_process
 
 KAFKA = "kafka://127.0.0.1:19092"
@@ -28,8 +28,7 @@ def applied(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feast_ui")
     project = f"ui_{uuid.uuid4().hex[:8]}"
     repo = copy_example_repo(tmp, project, {"path": f"sqlite:///{tmp / 'registry.db'}"}, data_dir=tmp / "data")
-    done = featurectl("--repo", str(repo), "apply")
-    assert done.returncode == 0, done.stderr
+    done = sibling("version_env", "featurectl").run(repo, "apply")  # in-process: a subprocess costs seconds of imports
     assert f"OpenLineage namespace `{project}`" in done.stdout
     return repo, project, tmp / "data"
 

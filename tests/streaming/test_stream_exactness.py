@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cli_helpers import featurectl
+from cli_helpers import sibling
 from common.config import load_config
 from feature_repo.sample_data import SampleSpec, interaction_columns
 from stream_env import (LATENESS_MS, REDIS_PORT, EventLog, StreamProcess, StreamRepo, boundary, dead_letters,
@@ -30,6 +30,7 @@ MINUTE, HOUR = 60_000, 3_600_000
 T0 = int(time.time() * 1000) // HOUR * HOUR - 28 * HOUR
 SPEC = SampleSpec(n_assets=40, n_users=150, seed=11)
 VIEWS = ("asset_activity", "user_activity")
+in_process = sibling("version_env", "featurectl").run  # the CLI in this process: a subprocess costs seconds of imports
 
 
 def interactions(rng: random.Random, n: int, start: int, end: int, part: int) -> list[dict]:
@@ -110,8 +111,7 @@ def run(tmp_path_factory, local_services):
     """The stream, fed phase by phase; after each phase the values served and what they should be."""
     folder = tmp_path_factory.mktemp("stream_exactness")
     repo = StreamRepo.create(folder / "repo", VIEWS)
-    applied = featurectl("--repo", str(repo.folder), "apply")
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    in_process(repo.folder, "apply")
     views = {v.name: v for v in repo.views()}
     stream = StreamProcess(repo, folder / "stream.log")
     rng, log, phases = random.Random(5), EventLog(), []
@@ -170,8 +170,7 @@ def test_dead_letters_carry_the_reason_and_good_events_all_count(run):
 
 
 def test_status_reports_the_running_job(run):
-    done = featurectl("--repo", str(run["repo"].folder), "stream", "--status")
-    assert done.returncode == 0, done.stderr
+    done = in_process(run["repo"].folder, "stream", "--status")
     assert f"stream {run['repo'].project}.asset_activity.user_activity: running" in done.stdout
     for fragment in ("events/s", "event-to-Redis lag p50", "p99", "checkpoint ", "dead letters", "view user_activity",
                      "history: none (Kafka only)"):
@@ -190,8 +189,7 @@ def test_the_newest_event_time_recorded_is_the_clock_the_stream_wrote(run):
     repo, served = run["repo"], run["phases"][2]["served"]
     newest = read_newest(RedisSettings.parse(f"127.0.0.1:{REDIS_PORT}"), repo.project)
     assert newest == {v: max(row["_ts"] for row in served[v].values()) for v in VIEWS}
-    done = featurectl("--repo", str(repo.folder), "status", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = in_process(repo.folder, "status", "--json")
     rows = {row["view"]: row for row in json.loads(done.stdout)["views"]}
     for view in VIEWS:
         assert rows[view]["stream"]["running"] and rows[view]["stream"]["state"] == "running"

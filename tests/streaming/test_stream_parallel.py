@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cli_helpers import featurectl
+from cli_helpers import featurectl, sibling
 from feature_repo.sample_data import SampleSpec
 from stream_env import BOOTSTRAP, COLUMNS, StreamProcess, StreamRepo, expected, mismatches, sample_events, served
 from streaming.partitioning import entity_partition
@@ -28,6 +28,7 @@ T0 = int(time.time() * 1000) // HOUR * HOUR - 28 * HOUR
 SPEC = SampleSpec(n_assets=60, n_users=200, seed=23)
 VIEWS = ("asset_activity", "user_activity")
 SOURCE_PARTITIONS = 3
+in_process = sibling("version_env", "featurectl").run  # the CLI in this process: a subprocess costs seconds of imports
 
 
 def events(n: int, start: int, end: int, part: int) -> list[dict]:
@@ -66,8 +67,7 @@ def run(tmp_path_factory, local_services):
     cutover = max(e["event_time"] for e in history) + 1
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
     admin.create_topics([NewTopic(repo.topic, SOURCE_PARTITIONS, 1)])[repo.topic].result()
-    applied = featurectl("--repo", str(repo.folder), "apply")
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    in_process(repo.folder, "apply")
     views = {v.name: v for v in repo.views()}
     stream = StreamProcess(repo, folder / "stream.log", "--parallelism", "2")
     live: list[dict] = []
@@ -126,8 +126,7 @@ def test_two_writers_own_disjoint_partitions_and_entities_of_both(run):
 
 
 def test_status_shows_the_writers(run):
-    done = featurectl("--repo", str(run["repo"].folder), "stream", "--status")
-    assert done.returncode == 0, done.stderr
+    done = in_process(run["repo"].folder, "stream", "--status")
     assert "parallelism 2; window writers: 0 pid " in done.stdout and "restarted 1x" in done.stdout
     assert "caught up" in done.stdout
 

@@ -131,8 +131,14 @@ class OnlineClient(_ClientCore):
     def get_online_features(self, features: Features, entity_rows: EntityRows, *,
                             full_feature_names: bool = False) -> OnlineFeatures:
         """Values, statuses and event timestamps (what the HTTP server returns)."""
+        request, replies = self.fetch(features, entity_rows, full_feature_names)
+        return request.finish(replies)
+
+    def fetch(self, features: Features, entity_rows: EntityRows,
+              full_feature_names: bool = False) -> tuple[PreparedRequest, list]:
+        """The request and its replies, not yet decoded (`AsyncOnlineClient.fetch`, in one blocking call)."""
         request = self.prepare(features, entity_rows, full_feature_names)
-        return request.finish(self.redis.read(request.keys, request.commands) if request.commands else [])
+        return request, self.redis.read(request.keys, request.commands) if request.commands else []
 
     @overload
     def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = ...,
@@ -149,8 +155,7 @@ class OnlineClient(_ClientCore):
     def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = False,
                      output: Output = "dict") -> Any:
         """Columns in request order (join keys first): a dict of lists, or `output="arrow"` / `"pandas"`."""
-        request = self.prepare(features, entity_rows, full_feature_names)
-        replies = self.redis.read(request.keys, request.commands) if request.commands else []
+        request, replies = self.fetch(features, entity_rows, full_feature_names)
         return request.to_dict(replies) if output == "dict" else request.finish(replies).to(output)
 
     def push(self, source: str, rows: PushRows, *, to: PushMode = "online") -> PushResult:

@@ -37,6 +37,14 @@ def make_vector_repo(folder: Path, project: str, dim: int, platform: dict | None
     return repo, register_repo(repo)
 
 
+def stop_engine(repo: Path) -> None:
+    """Stop the repo's embedded PostgreSQL of the pgvector engine, if it started one."""
+    from common.config import load_config
+    from serving.pgvector_index import stop_embedded
+
+    stop_embedded(load_config(repo))
+
+
 def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Row numbers of each query's k nearest by squared L2, nearest first."""
     distances = (queries ** 2).sum(1)[:, None] - 2 * queries @ vectors.T + (vectors ** 2).sum(1)[None, :]

@@ -21,6 +21,7 @@ filtered entities instead: exact answers, at the cost of a distance per filtered
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -51,6 +52,7 @@ def embedded_server(config: ProjectConfig):
     (cleanup_mode None) for the other processes of the repo until `stop_embedded`."""
     import pgserver
 
+    logging.getLogger("pgserver").setLevel(logging.WARNING)  # it logs every pg_ctl command line at INFO
     config.state_dir.mkdir(parents=True, exist_ok=True)
     return pgserver.get_server(embedded_folder(config), cleanup_mode=None)
 

@@ -1,11 +1,15 @@
 """The pgvector engine (`serving.pgvector_index`) against a real PostgreSQL with pgvector (pgserver's, one for the
 module, reached through `platform.vectors.uri`) and the shared Redis: exact neighbours for each metric, the same on
 Milvus Lite's exact index; filtered searches exact even when the HNSW walk is poor; a vector of another dimension
-refused; `featurectl materialize` fills the table and its HNSW index, which Feast's own PostgreSQL store reads."""
+refused; `featurectl materialize` fills the table and its HNSW index, which Feast's own PostgreSQL store reads; the
+embedded server (in the repo's state folder) is shared by the repo's clients and stopped by `services down`."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -142,3 +146,36 @@ def test_materialize_fills_the_index_and_feast_reads_it(tmp_path, local_services
     stored = store.get_online_features(["asset_shape:embedding"], [{"asset_id": a} for a in theirs["asset_id"]])
     written = [vectors[int(asset[1:])].tolist() for asset in theirs["asset_id"]]
     assert [list(v) for v in stored.to_dict()["embedding"]] == written
+
+
+def test_the_embedded_server_is_shared_and_stopped_by_services_down(tmp_path, local_services):
+    import psutil
+    from click.testing import CliRunner
+
+    from common.config import load_config
+    from featurectl.cli import Context
+    from featurectl.services import services
+    from serving.pgvector_index import embedded_folder, embedded_server
+
+    repo, client, vectors = _pushed_repo(tmp_path, {"vectors": {"engine": "pgvector"}})
+    try:
+        pid = embedded_server(load_config(repo)).get_pid()
+        assert psutil.Process(pid).is_running()
+        # another process of the repo finds the server this one started, and does not start one of its own
+        other = subprocess.run([sys.executable, "-c", "import sys; from common.config import load_config; "
+                                "from serving.pgvector_index import embedded_server; "
+                                "print(embedded_server(load_config(sys.argv[1])).get_pid())", str(repo)],
+                               capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert other.returncode == 0 and other.stdout.split() == [str(pid)], other.stderr
+        assert client.search("asset_shape:embedding", vectors[3], k=1).ids == [{"asset_id": "r3"}]
+    finally:
+        client.close()
+    ran = CliRunner().invoke(services, ["down"], obj=Context(repo, None))
+    assert ran.exit_code == 0, ran.output + repr(ran.exception)
+    assert f"pgvector: stopped the embedded PostgreSQL in {embedded_folder(load_config(repo))}" in ran.output
+    assert not (embedded_folder(load_config(repo)) / "postmaster.pid").exists()
+    try:  # pg_ctl waited for the postmaster's exit; at most a zombie awaits its reaping
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass

@@ -83,6 +83,7 @@ class PgVectorIndex(VectorEngine):
         self._local = threading.local()
         self._conninfo: Optional[str] = None
         self._made: set[str] = set()
+        self._indexed: set[str] = set()
 
     @property
     def on_server(self) -> bool:
@@ -186,7 +187,7 @@ class PgVectorIndex(VectorEngine):
         except psycopg.errors.DataException as exc:
             raise VectorSearchError(f"`{view.name}` rows refused by PostgreSQL ({exc}): its vectors must have "
                                     f"{vector_kind(view).dim} numbers") from exc
-        if not bulk:
+        if not bulk and table not in self._indexed:
             self._ensure_indexes(view, table)
         return len(rows)
 
@@ -205,6 +206,7 @@ class PgVectorIndex(VectorEngine):
                          f"{_identifier(table)} USING hnsw (vector_value {OPERATORS[kind.metric][1]}) "
                          f"WITH ({params}) WHERE feature_name = '{_literal(feature)}'")
         conn.execute("ANALYZE " + _identifier(table))
+        self._indexed.add(table)
 
     def search(self, collection: str, feature: str, kind: Vector, vector: Sequence[float], k: int,
                filters: Optional[Filters] = None) -> list[tuple[str, float]]:
@@ -213,10 +215,13 @@ class PgVectorIndex(VectorEngine):
         operator, _, distance = OPERATORS[kind.metric]
         query = "[" + ",".join(map(repr, vector)) + "]"
         table = _identifier(collection)
-        params: dict[str, Any] = {"q": query, "feature": feature, "k": k}
+        # the feature name inline, not a parameter: a prepared statement's generic plan then still matches the
+        # partial index's `WHERE feature_name = '...'`
+        vectors = f"{table} WHERE feature_name = '{_literal(feature)}'"
+        params: dict[str, Any] = {"q": query, "k": k}
         if not filters:
-            sql = (f"SELECT entity_key, vector_value {operator} %(q)s::vector FROM {table} WHERE feature_name = "
-                   f"%(feature)s ORDER BY vector_value {operator} %(q)s::vector LIMIT %(k)s")
+            sql = (f"SELECT entity_key, vector_value {operator} %(q)s::vector FROM {vectors} "
+                   f"ORDER BY vector_value {operator} %(q)s::vector LIMIT %(k)s")
         else:
             kept = []
             for n, (name, values) in enumerate(filters.items()):
@@ -225,7 +230,7 @@ class PgVectorIndex(VectorEngine):
                 params.update({f"f{n}": name, f"v{n}": list(values)})
             # MATERIALIZED: the distances of every filtered row, sorted, never an index walk that filters after
             sql = (f"WITH scanned AS MATERIALIZED (SELECT entity_key, vector_value {operator} %(q)s::vector AS d "
-                   f"FROM {table} WHERE feature_name = %(feature)s AND {' AND '.join(kept)}) "
+                   f"FROM {vectors} AND {' AND '.join(kept)}) "
                    "SELECT entity_key, d FROM scanned ORDER BY d LIMIT %(k)s")
         rows = self.connection().execute(sql, params, prepare=True).fetchall()
         return [(bytes(key).hex(), distance(float(d))) for key, d in rows]
@@ -234,6 +239,7 @@ class PgVectorIndex(VectorEngine):
         """Forget a view's index (its table), e.g. before indexing the view anew."""
         self.connection().execute(f"DROP TABLE IF EXISTS {_identifier(collection)}")
         self._made.discard(collection)
+        self._indexed.discard(collection)
 
 
 def _identifier(name: str) -> str:

@@ -1,10 +1,11 @@
 """`featurectl bench search`: nearest-neighbour search over a vector feature, our SDK against Feast's own reader.
 
 A scratch project gets `--vectors` embeddings of `--dim` floats (clustered, as real embeddings are: `--clusters`
-Gaussian clusters) materialized the usual way: values into Redis in Feast's layout, vectors into the Milvus index
-(`serving.vector_index`). `--engine` picks where: Milvus Lite (embedded, FLAT), a Milvus server (HNSW; the one
-`featurectl services up --milvus` runs, started here on free ports in the scratch folder and stopped at the end,
-or `--uri`'s), or both, one benchmark line each; `--index-type` overrides the default index. The server's load
+Gaussian clusters) materialized the usual way: values into Redis in Feast's layout, vectors into the vector index
+(`serving.vector_common.open_index`). `--engine` picks where: Milvus Lite (embedded, FLAT), a Milvus server (HNSW; the
+one `featurectl services up --milvus` runs, started here on free ports in the scratch folder and stopped at the end,
+or `--uri`'s), both, one benchmark line each, or pgvector (HNSW; an embedded PostgreSQL in the scratch folder,
+stopped at the end, or `--uri`'s postgresql://); `--index-type` overrides Milvus's default index. The server's load
 ends with `VectorIndex.seal`, so the searches go through the built index. Then the same
 `--queries` queries (after a warm-up; held-out draws of the same clusters) go
 through `client.search(view:feature, vector, k, features=[category])`, which answers ids, distances and a Redis
@@ -12,7 +13,7 @@ feature, and through Feast's own `FeatureStore.retrieve_online_documents_v2` on 
 per query and recall@k against numpy's exact search. The scratch Redis keys and Milvus collection are removed.
 
 Where our p99 goes, measured in the same run: `index_p50_ms`/`index_p99_ms` time the index's round trip alone
-(`VectorIndex.search`: pymilvus to Milvus and back, no planning, no Redis), and `host_floor_p99_ms` times a fixed
+(the engine's `search`: its client to the engine and back, no planning, no Redis), and `host_floor_p99_ms` times a fixed
 `HOST_PROBE_MS` of CPU spun in our own process, as often as the queries: what the host's scheduling adds to a
 request that waits on no other process. On a Milvus server whose metrics it can read (the one it starts, or
 `--metrics-url`'s) each side also gets what the server says of its searches (`bench._milvus_metrics`): the share it
@@ -152,20 +153,23 @@ def local_milvus(folder: Path) -> Iterator[tuple[str, str, Path]]:
 
 
 def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
-        index_type: Optional[str] = None, metrics_url: Optional[str] = None, access_log: Optional[Path] = None) -> dict:
+        index_type: Optional[str] = None, metrics_url: Optional[str] = None, access_log: Optional[Path] = None,
+        engine: str = "milvus") -> dict:
     from batch.materialize import materialize_view
     from common.config import load_config
     from dsl.repo import load_repo
     from dsl.types import Vector
     from redis_store.settings import RedisSettings
     from serving.client import OnlineClient
-    from serving.vector_index import VectorIndex
+    from serving.pgvector_index import stop_embedded
+    from serving.vector_common import open_index
 
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         scratch = Path(tmp)
         platform = {"state_dir": str(scratch / "state"), "data_dir": str(scratch / "data"),
-                    "vectors": {**({"uri": uri} if uri else {}), **({"index_type": index_type} if index_type else {})}}
+                    "vectors": {"engine": engine, **({"uri": uri} if uri else {}),
+                                **({"index_type": index_type} if index_type else {})}}
         repo = bench_repo(scratch, PROJECT, DEFINITIONS.format(dim=dim), platform)
         apply_repo(repo)
         cfg = load_config(repo)
@@ -174,7 +178,7 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
         drawn, labels = _embeddings(vectors_n + WARMUP + queries_n, dim, clusters, rng)
         vectors, labels, queries = drawn[:vectors_n], labels[:vectors_n], drawn[vectors_n:]
         offline = _offline_table(scratch / "offline", vectors, labels, dim)
-        index = VectorIndex(cfg)
+        index = open_index(cfg)
         started = time.perf_counter()
         now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
         materialize_view(RedisSettings.from_config(cfg), view, PROJECT, offline, dt.datetime(2000, 1, 1), now,
@@ -190,7 +194,7 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
         try:
             host_floor, _, _ = _timed(queries, _spin)
             collection, kind = f"{PROJECT}_asset_shape", Vector(dim)
-            segments = len(index.served_segments(collection)) if index.on_server else None
+            segments = len(index.served_segments(collection)) if index.on_server and engine == "milvus" else None
             index_only, _, _ = _timed(queries, lambda q: index.search(collection, "embedding", kind, q.tolist(), k))
             with OnlineClient.from_repo(repo) as client:
                 ours = _timed(queries, lambda q: [r["asset_id"] for r in client.search(
@@ -205,14 +209,21 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
         finally:
             index.drop(f"{PROJECT}_asset_shape")
             _forget_keys(cfg.redis_host_port)
+            stop_embedded(cfg)
     params = {"vectors": vectors_n, "dim": dim, "k": k, "queries": queries_n, "clusters": clusters,
-              "engine": f"milvus server {uri}" if uri else "milvus-lite",
+              "engine": _engine_name(engine, uri),
               "index": f"{index.index_type} {index.index_params} {index.search_params}", "load_s": round(load_s, 1),
               "seal_s": round(seal_s, 1), "served_segments": segments,
               "load_avg_1m": [round(load_before, 2), round(load_after, 2)]}
     where = {**_latency_figures("index", index_only),
              "host_floor_p99_ms": round(percentiles(host_floor)["p99"], 3)}
     return {"ours": {**_figures(*ours, exact, k), **where}, "peer": _figures(*peer, exact, k), "params": params}
+
+
+def _engine_name(engine: str, uri: Optional[str]) -> str:
+    if engine == "pgvector":
+        return f"pgvector {uri}" if uri else "pgvector embedded"
+    return f"milvus server {uri}" if uri else "milvus-lite"
 
 
 @click.command()
@@ -222,10 +233,11 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
 @click.option("--queries", "queries_n", default=1000, show_default=True, help="timed queries per side")
 @click.option("--clusters", default=256, show_default=True,
               help="Gaussian clusters the embeddings and queries come from; 0: one isotropic Gaussian")
-@click.option("--engine", type=click.Choice(["lite", "server", "both"]), default="both", show_default=True,
-              help="Milvus Lite, a Milvus server, or one after the other")
-@click.option("--uri", default=None, help="the Milvus server to use, e.g. http://127.0.0.1:19530; default: one "
-                                          "started for the run")
+@click.option("--engine", type=click.Choice(["lite", "server", "both", "pgvector"]), default="both",
+              show_default=True, help="Milvus Lite, a Milvus server, one after the other, or pgvector")
+@click.option("--uri", default=None, help="the Milvus server to use, e.g. http://127.0.0.1:19530, or with "
+                                          "--engine pgvector a PostgreSQL with pgvector; default: one started for "
+                                          "the run")
 @click.option("--metrics-url", default=None,
               help="with --uri: that server's Prometheus metrics, e.g. http://127.0.0.1:9091/metrics, for the "
                    "server-side figures (searched by nobody else meanwhile); default: the started server's")
@@ -235,6 +247,9 @@ def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Op
 def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, engine: str, uri: Optional[str],
             metrics_url: Optional[str], seed: int, index_type: Optional[str]) -> None:
     """Search: our SDK's p50/p99 and recall@k beside Feast's retrieve_online_documents_v2 on the same index."""
+    if engine == "pgvector":
+        out = run(vectors_n, dim, k, queries_n, clusters, uri, seed, engine="pgvector")
+        emit("search", out["ours"], out["peer"], out["params"])
     if engine in ("lite", "both"):
         out = run(vectors_n, dim, k, queries_n, clusters, None, seed, index_type)
         emit("search", out["ours"], out["peer"], out["params"])

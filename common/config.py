@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -106,23 +106,31 @@ class FeatureLogSettings(BaseModel):
 
 
 class VectorSettings(BaseModel):
-    """Where vector features are indexed for nearest-neighbour search (`serving.vector_index`): Milvus, embedded
-    (Milvus Lite, a file under the state folder, one process at a time) unless `uri` names a Milvus server or
-    cluster; the same client code and Feast's own Milvus online store read either."""
+    """Where vector features are indexed for nearest-neighbour search (`serving.vector_common.open_index`): in
+    `engine`, embedded unless `uri` names its server or cluster (Milvus: Milvus Lite, a file under the state
+    folder, one process at a time; pgvector: a private PostgreSQL in `<state_dir>/pgvector/`); the same client code
+    and Feast's own online store of that engine read either."""
 
     model_config = ConfigDict(extra="forbid")
-    uri: Optional[str] = Field(None, description="a Milvus server or cluster, e.g. http://milvus:19530 (the one "
-                                                 "`featurectl services up --milvus` starts: "
-                                                 "http://127.0.0.1:<local_port>); None = Milvus Lite in "
-                                                 "`<state_dir>/vectors.db`")
+    engine: Literal["milvus", "pgvector"] = Field("milvus", description="Milvus (`serving.vector_index`) or "
+                                                                        "PostgreSQL's pgvector "
+                                                                        "(`serving.pgvector_index`)")
+    uri: Optional[str] = Field(None, description="the engine's server or cluster: Milvus's, e.g. "
+                                                 "http://milvus:19530 (the one `featurectl services up --milvus` "
+                                                 "starts: http://127.0.0.1:<local_port>), or a PostgreSQL with "
+                                                 "pgvector, e.g. postgresql://user:pass@host:5432/db; None = "
+                                                 "embedded: Milvus Lite in `<state_dir>/vectors.db`, or pgvector "
+                                                 "in `<state_dir>/pgvector/`")
     token: Optional[str] = Field(None, description="API key or `user:password` of the Milvus server")
     index_type: Optional[str] = Field(None, description="Milvus index of each vector feature; None: FLAT (exact) "
                                                         "on Milvus Lite, which refuses HNSW and searches IVF_FLAT "
                                                         "with fixed parameters of its own (README), HNSW on a "
                                                         "server")
     index_params: Optional[dict[str, Any]] = Field(None, description="None: the index type's defaults "
-                                                                     "(`serving.vector_index`)")
-    search_params: Optional[dict[str, Any]] = Field(None, description="None: the index type's defaults")
+                                                                     "(`serving.vector_index`); pgvector: HNSW's "
+                                                                     "m 16, ef_construction 200")
+    search_params: Optional[dict[str, Any]] = Field(None, description="None: the index type's defaults; "
+                                                                      "pgvector: ef_search 64")
     local_port: int = Field(19530, description="port of the Milvus server `featurectl services up --milvus` "
                                                "starts; it also takes the 11 ports after it (its inner services)")
 

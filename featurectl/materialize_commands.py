@@ -87,15 +87,16 @@ def _since(feast_view, view, start: dt.datetime | None, end: dt.datetime, replac
 @contextlib.contextmanager
 def vector_sink(cfg, view) -> Iterator[Optional[Callable]]:
     """Where materialized rows of a view with a Vector feature go besides Redis: the vector index
-    (`serving.vector_index`), sealed once the run has written them, so that a Milvus server builds its index over
-    them and serves them through it (`VectorIndex.seal`; rows left in a growing segment are scanned). None for other
-    views. A run that fails leaves its rows unsealed: the next run's seal covers them."""
+    (`serving.vector_common.open_index`), sealed once the run has written them, so that a Milvus server builds its
+    index over them and serves them through it (`VectorIndex.seal`; rows left in a growing segment are scanned), and
+    pgvector builds its HNSW index over them once (`PgVectorIndex.seal`). None for other views. A run that fails
+    leaves its rows unsealed: the next run's seal covers them."""
     if not view.vector_features:
         yield None
         return
-    from serving.vector_index import VectorIndex
+    from serving.vector_common import open_index
 
-    index = VectorIndex(cfg)
+    index = open_index(cfg)
     written = 0
 
     def write(table) -> None:

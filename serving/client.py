@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from serving.push_request import PushMode
     from serving.push_rows import PushRows
     from serving.search import SearchPlan
+    from serving.pgvector_index import PgVectorIndex
     from serving.vector_index import VectorIndex
 
 Features = Sequence[str] | str  # `view:feature` references, or a feature service name
@@ -57,7 +58,7 @@ class _ClientCore:
         self._plans: dict[tuple, Plan] = {}
         self._pusher: Optional[Pusher] = None
         self._pusher_lock = threading.Lock()
-        self._index: Optional[VectorIndex] = None
+        self._index: Optional[VectorIndex | PgVectorIndex] = None
 
     @classmethod
     def from_repo(cls: type[Client], repo: str | Path = "feature_repo", registry: Optional[str] = None,
@@ -98,14 +99,14 @@ class _ClientCore:
                                "RepoConfig with `repo_path`")
         return Path(repo_path)
 
-    def vector_index(self) -> VectorIndex:
-        """The project's vector index (`serving.vector_index`), opened on the first search."""
+    def vector_index(self) -> VectorIndex | PgVectorIndex:
+        """The project's vector index (`serving.vector_common.open_index`), opened on the first search."""
         with self._pusher_lock:
             if self._index is None:
                 from common.config import load_config
-                from serving.vector_index import VectorIndex
+                from serving.vector_common import open_index
 
-                self._index = VectorIndex(load_config(self._repo_path("search")))
+                self._index = open_index(load_config(self._repo_path("search")))
             return self._index
 
     def plan_search(self, view_feature: str, vector: Any, k: int, filters: Optional[dict],
@@ -113,7 +114,7 @@ class _ClientCore:
         """The plan and the index's hits (keys, distances) of a search: the blocking part, Redis aside."""
         plan = plan_search(self.registry.catalog, view_feature, vector, k, filters, features)
         return plan, self.vector_index().search(plan.collection, plan.feature, plan.kind, plan.vector, plan.k,
-                                                plan.expression)
+                                                plan.filters)
 
     def _close_pusher(self) -> None:
         if self._pusher is not None:

@@ -12,7 +12,7 @@ from dsl.types import Vector
 from serving.catalog import Catalog
 from serving.json_body import load_object
 from serving.search import split_reference
-from serving.vector_index import VectorSearchError
+from serving.vector_common import VectorSearchError
 
 FIELDS = ("features", "feature_service", "query", "query_string", "top_k", "api_version", "distance_metric",
           "filters", "full_feature_names", "include_feature_view_version_metadata")

@@ -161,12 +161,13 @@ class Pusher:
             raise PushUnavailableError(_not_taken(exc, history)) from exc
 
     def vector_index(self):
-        """The project's vector index (`serving.vector_index`), opened on the first push of a vector view."""
+        """The project's vector index (`serving.vector_common.open_index`), opened on the first push of a vector
+        view."""
         with self._lock:
             if self._index is None:
-                from serving.vector_index import VectorIndex
+                from serving.vector_common import open_index
 
-                self._index = VectorIndex(self.config)
+                self._index = open_index(self.config)
             return self._index
 
     def producer(self) -> EventProducer:

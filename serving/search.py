@@ -3,7 +3,7 @@
     client.search("asset_shape:embedding", vector, k=10, filters={"category": "chair"}, features=["category"])
 
 A search is planned against the catalog (the view, its vector type, the query's dimension, the filters), run
-in the vector index (`serving.vector_index`: Milvus keys and distances only), and its hits joined back to their
+in the vector index (`serving.vector_common.open_index`: keys and distances only), and its hits joined back to their
 features in Redis by one `get_features` read: the hits' primary keys are Feast's serialized entity keys, which
 with the project name are their Redis keys.
 """
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional, Sequence
 from dsl.types import Vector
 from redis_store.layout import KeyEncoder
 from serving.catalog import Catalog, ViewSpec
-from serving.vector_index import VectorSearchError, filter_expression
+from serving.vector_common import Filters, VectorSearchError, filter_values
 
 MAX_K = 1000
 DISTANCE = "distance"
@@ -28,10 +28,10 @@ class SearchPlan:
     view: ViewSpec
     feature: str
     kind: Vector
-    collection: str  # Feast's Milvus collection of the view
+    collection: str  # the view's collection (Milvus) or table (pgvector) in Feast's layout
     vector: list[float]
     k: int
-    expression: str
+    filters: Filters
     features: tuple[str, ...]  # of the view, read from Redis for each hit
 
 
@@ -82,7 +82,7 @@ def plan_search(catalog: Catalog, reference: str, vector: Any, k: int,
                                 f"pick from: {', '.join(view.features)}")
     scalars = [name for name, spec in view.features.items() if not isinstance(spec.kind, Vector)]
     return SearchPlan(view, feature, kind, f"{catalog.project}_{view.storage_name}", query_vector(vector, kind), k,
-                      filter_expression(filters, scalars), wanted)
+                      filter_values(filters, scalars), wanted)
 
 
 def query_vector(vector: Any, kind: Vector) -> list[float]:

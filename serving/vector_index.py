@@ -25,7 +25,7 @@ from common.config import ProjectConfig
 from dsl.feature_view import FeatureView
 from dsl.types import Vector
 from redis_store.layout import KeyEncoder
-from serving.errors import RequestError
+from serving.vector_common import Filters, VectorEngine, VectorSearchError, feast_text, vector_kind
 
 LITE_FILE = "vectors.db"
 # Rows per insert call. Milvus Lite 2.5's insert time grows faster than the rows of a call (on the 2-core host:
@@ -56,32 +56,9 @@ SEARCH_CONSISTENCY = "Bounded"
 HELD_KEYS = 16384
 
 
-class VectorSearchError(RequestError):
-    """A search that cannot be run as asked: no such vector feature, a query of another dimension, a bad filter."""
-
-    code = "bad_search"
-
-
-def filter_expression(filters: Optional[Mapping[str, Any]], allowed: Sequence[str]) -> str:
-    """Milvus's boolean expression for `{feature: value}` (equal) or `{feature: [values]}` (any of them), ANDed.
-    Values compare in the string form Feast stores non-vector features in."""
-    clauses = []
-    for name, wanted in (filters or {}).items():
-        if name not in allowed:
-            raise VectorSearchError(f"cannot filter on `{name}`: filter on one of the view's other features "
-                                    f"({', '.join(f'`{a}`' for a in allowed) or 'none'})")
-        values = wanted if isinstance(wanted, (list, tuple)) else [wanted]
-        if not values or any(v is None or isinstance(v, (dict, list, tuple)) for v in values):
-            raise VectorSearchError(f"filter `{name}`: give a value or a non-empty list of values, not {wanted!r}")
-        quoted = ", ".join(_quoted(_feast_text(v)) for v in values)
-        clauses.append(f"{name} in [{quoted}]")
-    return " and ".join(clauses)
-
-
-def _feast_text(value: Any) -> str:
-    """The string Feast's Milvus store keeps for a scalar feature value: `str()` of the Python value, empty for
-    NULL."""
-    return "" if value is None else str(value)
+def milvus_expression(filters: Filters) -> str:
+    """Milvus's boolean expression of checked filters (`vector_common.filter_values`)."""
+    return " and ".join(f"{name} in [{', '.join(map(_quoted, values))}]" for name, values in filters.items())
 
 
 def _quoted(text: str) -> str:
@@ -89,17 +66,15 @@ def _quoted(text: str) -> str:
     return f"'{escaped}'"
 
 
-class VectorIndex:
+class VectorIndex(VectorEngine):
     """One project's vector index: writes through Feast's Milvus store, searches through pymilvus directly."""
 
     def __init__(self, config: ProjectConfig):
         from feast.infra.online_stores.milvus_online_store.milvus import MilvusOnlineStore
 
-        self.config = config
-        self.settings = config.platform.vectors
+        super().__init__(config)
         self._store = MilvusOnlineStore()
         self._lock = threading.Lock()  # Feast's store caches its client and collections unguarded
-        self._feast_views: dict[str, Any] = {}
         self._client: Any = None
         self._made: set[str] = set()
 
@@ -147,15 +122,6 @@ class VectorIndex:
                           registry=raw.registry, online_store=store, offline_store={"type": "file"},
                           entity_key_serialization_version=raw.entity_key_serialization_version)
 
-    def _feast_view(self, name: str):
-        view = self._feast_views.get(name)
-        if view is None:
-            from feast import FeatureStore
-
-            store = FeatureStore(config=self.config.feast_repo_config())
-            view = self._feast_views[name] = store.get_feature_view(name)
-        return view
-
     def write(self, view: FeatureView, columns: Mapping[str, Sequence[Any]], event_ms: Sequence[int],
               bulk: bool = False) -> int:
         """Index rows of `view` (join keys and every feature, one list per column; `event_ms` per row) as Feast's
@@ -175,10 +141,10 @@ class VectorIndex:
         records = {}
         for key, i in zip(keys, keep):
             record = {"event_ts": int(event_ms[i]) * 1000, "created_ts": 0,
-                      **{name: _feast_text(columns[name][i]) for name in view.entity.join_keys}}
+                      **{name: feast_text(columns[name][i]) for name in view.entity.join_keys}}
             for name, kind in schema.items():
                 value = columns[name][i]
-                record[name] = list(map(float, value)) if isinstance(kind, Vector) else _feast_text(value)
+                record[name] = list(map(float, value)) if isinstance(kind, Vector) else feast_text(value)
             records[key] = record  # the last row of an entity wins, as Feast's writer keeps one per entity
         collection, pk = self._collection(view)
         rows = [{pk: key, **record} for key, record in records.items()]
@@ -209,20 +175,9 @@ class VectorIndex:
         collection = f"{self.config.project}_{view.name}"
         if collection not in self._made:
             with self._lock:
-                self._store.update(self.feast_repo_config(_vector_kind(view)), [], [feast_view], [], [], True)
+                self._store.update(self.feast_repo_config(vector_kind(view)), [], [feast_view], [], [], True)
             self._made.add(collection)
         return collection, "_".join(column.name for column in feast_view.entity_columns) + "_pk"
-
-    def write_table(self, view: FeatureView, table: Any) -> int:
-        """`write` for an Arrow table of the view's rows (join keys, `event_timestamp`, features), as
-        materialization reads them from the offline table."""
-        import pyarrow as pa
-
-        from dsl.compile_feast import EVENT_TIMESTAMP
-
-        millis = table.column(EVENT_TIMESTAMP).cast(pa.timestamp("ms", "UTC")).cast(pa.int64()).to_pylist()
-        names = [*view.entity.join_keys, *view.feature_names]
-        return self.write(view, {name: table.column(name).to_pylist() for name in names}, millis, bulk=True)
 
     def client(self):
         """A pymilvus client of the index (Milvus Lite's server is one per file and process: Feast's store and
@@ -238,10 +193,12 @@ class VectorIndex:
         return self._client
 
     def search(self, collection: str, feature: str, kind: Vector, vector: Sequence[float], k: int,
-               expression: str = "") -> list[tuple[str, float]]:
-        """The `k` nearest (primary key, distance) of `vector` in `collection`'s `feature`, nearest first."""
+               filters: Optional[Filters] = None) -> list[tuple[str, float]]:
+        """The `k` nearest (primary key, distance) of `vector` in `collection`'s `feature`, nearest first, among
+        the entities `filters` keep."""
         hits = self.client().search(collection_name=collection, data=[list(vector)], anns_field=feature, limit=k,
-                                    filter=expression, output_fields=[], consistency_level=SEARCH_CONSISTENCY,
+                                    filter=milvus_expression(filters or {}), output_fields=[],
+                                    consistency_level=SEARCH_CONSISTENCY,
                                     search_params={"metric_type": kind.metric, "params": self.search_params})
         return [(hit["id"], float(hit["distance"])) for hit in hits[0]]
 
@@ -301,14 +258,3 @@ class VectorIndex:
 
 def _pending(described: Mapping[str, Any]) -> bool:
     return int(described.get("pending_index_rows") or 0) > 0 or described.get("state") not in ("Finished", None)
-
-
-def _vector_kind(view: FeatureView) -> Vector:
-    """The vector type of a view's index: Feast's Milvus store builds every vector field of a collection with one
-    dimension, so a view's vector features must share it."""
-    kinds = set(view.vector_features.values())
-    if len(kinds) != 1:
-        raise VectorSearchError(f"feature view `{view.name}` has vector features of types "
-                                f"{', '.join(sorted(k.value for k in kinds)) or 'none'}: an indexed view takes "
-                                "vector features of one dimension and metric")
-    return kinds.pop()

@@ -8,6 +8,7 @@ files, logs and data under `platform.state_dir/<service>/`.
 
 from __future__ import annotations
 
+import subprocess
 from typing import Optional
 from urllib.parse import urlparse
 
@@ -116,13 +117,23 @@ def up(obj, postgres: Optional[bool], flink: int, s3: Optional[bool], hdfs: Opti
 @services.command()
 @click.pass_obj
 def down(obj) -> None:
-    """Stop every service that `up` started (by its pid file), whatever the current flags."""
+    """Stop every service that `up` started (by its pid file), whatever the current flags, and the embedded
+    PostgreSQL of the pgvector index when it runs."""
+    from serving.pgvector_index import stop_embedded
+
     failures = []
     for svc in reversed(all_services(obj.config())):
         try:
             click.echo(svc.down())
         except (LocalServiceError, OSError) as exc:
             failures.append(f"{svc.name}: {exc}")
+    try:
+        stopped = stop_embedded(obj.config())
+    except (subprocess.CalledProcessError, OSError) as exc:
+        failures.append(f"pgvector: {exc}")
+    else:
+        if stopped:
+            click.echo(stopped)
     if failures:
         raise click.ClickException("could not stop " + "; ".join(failures))
 

@@ -1,5 +1,6 @@
-"""Search over a vector feature against the real engines: vectors pushed through the SDK land in Redis and in
-Milvus Lite; `client.search` (sync and async) returns numpy's exact nearest neighbours with their distances and
+"""Search over a vector feature against the real engines, each test on Milvus Lite and on pgvector (the
+embedded PostgreSQL of `serving.pgvector_index`): vectors pushed through the SDK land in Redis and in the index;
+`client.search` (sync and async) returns numpy's exact nearest neighbours with their distances and
 Redis features, honours filters, refuses a query of another dimension; Feast's own
 `retrieve_online_documents_v2` finds the same ids at the same distances in the same index, and its online read of
 the index the same vectors."""
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import answer_in_process, sibling
-from serving.vector_index import VectorSearchError
+from serving.vector_common import VectorSearchError
 
 pytestmark = pytest.mark.integration
 
@@ -22,14 +23,21 @@ DIM, ROWS = 8, 300
 CATEGORIES = ("chair", "table", "lamp")
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory, local_services):
+# Milvus Lite's exact index, and pgvector's HNSW with an ef_search above the rows: exact on this small set
+ENGINES = {"milvus": {"index_type": "FLAT", "index_params": {}},
+           "pgvector": {"engine": "pgvector", "search_params": {"ef_search": 400}}}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def env(request, tmp_path_factory, local_services):
     from serving.client import OnlineClient
 
+    if request.param == "pgvector":
+        pytest.importorskip("pgserver", reason="the embedded pgvector engine needs the pgserver wheel")
     folder = tmp_path_factory.mktemp("search")
     project = f"search{time.time_ns() % 10**9}"
-    repo, _ = vector_env.make_vector_repo(folder, project, DIM, {"vectors": {"index_type": "FLAT",
-                                                                             "index_params": {}}})
+    repo, _ = vector_env.make_vector_repo(folder, project, DIM, {"vectors": ENGINES[request.param]})
+    request.addfinalizer(lambda: vector_env.stop_engine(repo))
     rng = np.random.default_rng(5)
     vectors = rng.normal(size=(ROWS, DIM)).astype(np.float32)
     ids = [f"s{i}" for i in range(ROWS)]
@@ -109,18 +117,21 @@ def test_feast_reads_the_same_index(env):
 
     from common.config import load_config
     from dsl.types import Vector
-    from serving.vector_index import VectorIndex
+    from serving.vector_common import open_index
 
     repo, client, ids, _, vectors = env
-    index = VectorIndex(load_config(repo))
+    index = open_index(load_config(repo))
     store = FeatureStore(config=index.feast_repo_config(Vector(DIM)))
     query = np.random.default_rng(8).normal(size=DIM).astype(np.float32)
     theirs = store.retrieve_online_documents_v2(features=["asset_shape:embedding", "asset_shape:category"],
                                                 query=query.tolist(), top_k=6, distance_metric="L2").to_dict()
     ours = client.search("asset_shape:embedding", query, k=6)
     assert theirs["asset_id"] == [row["asset_id"] for row in ours.ids]
-    # the same distances; Feast 0.67's v2 answer lists them in another order than its ids
-    np.testing.assert_allclose(sorted(theirs["distance"]), ours.distances, rtol=1e-5)
+    # the same distances (Feast's PostgreSQL store gives L2 itself, ours and Milvus its square); Feast 0.67's v2
+    # answer from Milvus lists them in another order than its ids
+    pgvector = index.config.platform.vectors.engine == "pgvector"
+    np.testing.assert_allclose(sorted(np.square(theirs["distance"]) if pgvector else theirs["distance"]),
+                               ours.distances, rtol=1e-5)
     # Feast's v2 search answers the query in the vector column; its online read of the index gives the vectors
     stored = store.get_online_features(["asset_shape:embedding", "asset_shape:category"],
                                        [{"asset_id": a} for a in theirs["asset_id"]]).to_dict()

@@ -124,31 +124,17 @@ def test_feast_reads_the_same_index(indexed):
 
 
 def test_materialize_seals_the_index(tmp_path, local_services, milvus_uri):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import redis
     from click.testing import CliRunner
 
-    from common.config import load_config
-    from dsl.compile_feast import EVENT_TIMESTAMP, offline_table_path
-    from dsl.repo import load_repo
-    from dsl.types import Vector
     from featurectl.cli import Context
     from featurectl.materialize_commands import materialize
     from serving.vector_index import VectorIndex
 
     project = f"seal{time.time_ns() % 10**9}"
     repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"uri": milvus_uri}})
-    cfg = load_config(repo)
-    view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
     vectors = np.random.default_rng(20).normal(size=(ROWS, DIM)).astype(np.float32)
-    when = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=5)
-    folder = offline_table_path(cfg.data_dir, view)
-    folder.mkdir(parents=True)
-    pq.write_table(pa.table({"asset_id": [f"m{i}" for i in range(ROWS)], "category": ["x"] * ROWS,
-                             "faces": list(range(ROWS)), "embedding": pa.array(list(vectors), Vector(DIM).arrow_type()),
-                             EVENT_TIMESTAMP: pa.array([when] * ROWS, pa.timestamp("ms", "UTC"))}),
-                   folder / "part-0.parquet")
+    cfg, _, when = vector_env.offline_rows(repo, vectors, "m")
     index, collection = VectorIndex(cfg), f"{project}_asset_shape"
     try:
         hour = dt.timedelta(hours=1)

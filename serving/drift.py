@@ -26,7 +26,7 @@ import asyncio
 import logging
 import math
 from itertools import accumulate, chain
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -34,7 +34,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from common.feature_profile import FeatureProfile
 from serving.catalog import Catalog
 from serving.plan import resolve
-from serving.result import OnlineFeatures, ViewRows
+from serving.result import OnlineFeatures
+from serving.served_rows import RowOutcome
 from serving.row_answer import RowAnswer
 
 logger = logging.getLogger(__name__)
@@ -54,9 +55,9 @@ class KeptRows:
     row, each view's bit, and the rows, each `(*replies, served)` where a view's bit is set in `served` when it
     served a value (its row neither missing nor stale)."""
 
-    def __init__(self, replies: list, views: Mapping[str, ViewRows]):
+    def __init__(self, replies: list, outcome: RowOutcome):
         self.starts = list(accumulate((len(group) for group in replies[:-1]), initial=0))
-        self.bits = {view: bit for bit, view in enumerate(views)}
+        self.bits = {view: bit for bit, (view, _) in enumerate(outcome)}
         self.rows: list[tuple] = []
 
 
@@ -126,17 +127,18 @@ class DriftMonitor:
             self.budget -= _rows(response)
             self.pending.append((features, response))
 
-    def offer_row(self, features: Any, answer: RowAnswer, replies: list, views: Mapping[str, ViewRows]) -> None:
-        """`offer` for a one-row answer written by `answer`: its replies are decoded by the drain, not here."""
+    def offer_row(self, features: Any, answer: RowAnswer, replies: list, outcome: RowOutcome) -> None:
+        """`offer` for a one-row answer written by `answer` (`outcome`: its views' statuses): its replies are decoded
+        by the drain, not here."""
         if self.budget > 0:
             self.budget -= 1
             shape = (features if isinstance(features, str) else tuple(features), answer)
             kept = self.kept.get(shape)
             if kept is None:
-                kept = self.kept[shape] = KeptRows(replies, views)
+                kept = self.kept[shape] = KeptRows(replies, outcome)
             served = 0
-            for bit, rows in enumerate(views.values()):
-                if not rows.missing and not rows.stale:
+            for bit, (_, status) in enumerate(outcome):
+                if not status:
                     served |= 1 << bit
             kept.rows.append((*chain.from_iterable(replies), served))
 

@@ -368,7 +368,7 @@ class FeatureServer:
         written = None if arrow else request.answer_json(replies)
         if written is not None:
             if self.count_served:
-                self.stats.served.count(written[1])
+                self.stats.served.count_row(written[1])
             if self.drift is not None and self.drift.sampling():
                 self.drift.offer_row(features, request.plan.row_answer, replies, written[1])
             return written[0]

@@ -182,7 +182,7 @@ class HttpProtocol(asyncio.Protocol):
             self.expect_continue = True
         elif name == b"x-request-id":
             self.request_id = request_id(value)
-        elif name == b"content-type" and self.arrow_media:
+        elif name == b"content-type" and self.arrow_media and value != JSON:  # JSON, the usual one, is media 0
             self.content_type = value
         elif name == b"accept" and self.arrow_media:
             self.accept = value
@@ -202,7 +202,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.request_since = None
         body = b"".join(self.chunks) if self.size <= self.max_body else None
-        media = media_of(self.content_type, self.accept) if self.arrow_media else 0
+        media = media_of(self.content_type, self.accept) if self.content_type or self.accept else 0
         self.pending.append((self.parser.get_method().decode(), self.url, body, self.parser.should_keep_alive(),
                              self.api_key, self.request_id, media))
         if len(self.pending) >= self.max_pipelined:

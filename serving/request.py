@@ -17,6 +17,7 @@ from serving.plan import Plan
 from serving.result import OnlineFeatures, ViewRows, parse_timestamps, view_row
 from serving.row_answer import RowAnswer
 from serving.row_values import RowValues
+from serving.served_rows import RowOutcome
 
 EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 _STR = {str}
@@ -150,9 +151,9 @@ class PreparedRequest:
                 views[read.view.name] = rows
         return self._answer(values, rows_of, views)
 
-    def answer_json(self, replies: list) -> Optional[tuple[bytes, dict[str, ViewRows]]]:
+    def answer_json(self, replies: list) -> Optional[tuple[bytes, RowOutcome]]:
         """For one entity row without on-demand views, Feast's JSON answer written straight from the replies
-        (`serving.row_answer`) and each view's row; None for other requests (`finish` then
+        (`serving.row_answer`) and its outcome (each view's status); None for other requests (`finish` then
         `to_feast_response`)."""
         plan = self.plan
         if self.rows != 1 or plan.on_demand:

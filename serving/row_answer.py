@@ -21,7 +21,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from dsl.types import FLOAT_TYPES
 from redis_store.decode import ColumnDecoder
 from serving.float_run import FloatRun, float_runs
-from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, ViewRows, rfc3339
+from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, rfc3339
+from serving.served_rows import RowOutcome
 
 if TYPE_CHECKING:
     from serving.plan import Plan
@@ -33,6 +34,7 @@ _END = b'],"statuses":["%s"],"event_timestamps":["%s"]}'
 _NON_FINITE = {"nan": b'"NaN"', "inf": b'"Infinity"', "-inf": b'"-Infinity"'}
 _MAX_TEXTS = 20_000  # remembered fragments per decoder, and event times (strings and small integers repeat)
 _NULL_TEXT = b""  # a stored null's remembered fragment: the feature's result is then the view's null result
+_PRESENT, _MISSING, _STALE = 0, 1, 2  # a view's status in a `RowOutcome`
 # per decoder, a stored value's opened result (`{"values":[` and its JSON text), by its stored bytes
 _TEXTS: dict[ColumnDecoder, dict[Optional[bytes], bytes]] = {}
 
@@ -40,28 +42,27 @@ _TEXTS: dict[ColumnDecoder, dict[Optional[bytes], bytes]] = {}
 class _Stamp:
     """What one stored event time means to a one-row answer, worked out once and remembered by its bytes: the ends
     of a present and a null result of its view (`],"statuses":["PRESENT"],...`, the whole null result), the event
-    time in ms for the ttl check and the view's row as served; `stale` gives the same for a row too old, made on
-    first use (rare)."""
+    time in ms for the ttl check and the view's status when within it; `stale` gives the ends for a row too old,
+    made on first use (rare)."""
 
-    __slots__ = ("raw", "stamp", "ends", "ms", "rows", "too_old")
+    __slots__ = ("raw", "stamp", "ends", "ms", "status", "too_old")
 
     def __init__(self, raw: Optional[bytes]):
         self.raw, self.stamp, self.too_old = raw, rfc3339(raw).encode(), None
         if raw is None:  # the entity has no row in this view: its refusal whatever the ttl
             self.ends = (None, _NULL + _END % (NOT_FOUND.encode(), self.stamp))
             self.ms = math.inf
-            self.rows = ViewRows((None,), [0], [])
+            self.status = _MISSING
             return
         parsed = Timestamp.FromString(raw)
         self.ends = (_END % (b"PRESENT", self.stamp), _NULL + _END % (b"NULL_VALUE", self.stamp))
         self.ms = parsed.seconds * 1000 + parsed.nanos // 1_000_000
-        self.rows = ViewRows((raw,), [], [])
+        self.status = _PRESENT
 
-    def stale(self) -> tuple[tuple[None, bytes], ViewRows]:
-        """The ends and the row of a view whose row is older than its ttl."""
+    def stale(self) -> tuple[None, bytes]:
+        """The ends of a view whose row is older than its ttl."""
         if self.too_old is None:
-            self.too_old = ((None, _NULL + _END % (OUTSIDE_MAX_AGE.encode(), self.stamp)),
-                            ViewRows((self.raw,), [], [0]))
+            self.too_old = (None, _NULL + _END % (OUTSIDE_MAX_AGE.encode(), self.stamp))
         return self.too_old
 
 
@@ -83,14 +84,18 @@ class RowAnswer:
 
     def __init__(self, plan: Plan):
         self.head = b'{"metadata":{"feature_names":%s},"results":[' % orjson.dumps([*plan.join_keys, *plan.names])
-        self.views: list[tuple[int, int, Optional[int], str]] = []  # group, `_ts` position, ttl, view name
+        # group, `_ts` position, ttl and weight (3 ** its index: its status's place in an outcome's number) per view
+        self.views: list[tuple[int, int, Optional[int], int]] = []
+        self.names: list[str] = []  # of the views
+        self.outcomes: dict[int, RowOutcome] = {}  # by number: the sum of each view's status times its weight
         where: dict[str, tuple[int, int, ColumnDecoder, int]] = {}
         for g, group in enumerate(plan.groups):
             for read in group.views:
                 for batch in read.batches:
                     for position, name in zip(batch.positions, batch.names):
                         where[name] = (g, position, batch.decode, len(self.views))
-                self.views.append((g, read.ts_pos, read.view.ttl_ms, read.view.name))
+                self.views.append((g, read.ts_pos, read.view.ttl_ms, 3 ** len(self.views)))
+                self.names.append(read.view.name)
         # per output feature: group, field position, decoder, view, floating, remembered texts (None: floats)
         self.fields = []
         for name in plan.names:
@@ -108,16 +113,16 @@ class RowAnswer:
     def sources(self) -> list[tuple[str, int, int, ColumnDecoder]]:
         """Per output feature, in request order: its view, where its value lies in the replies (group, field) and
         its decoder; what the drift sample decodes, in the background, from the replies it kept."""
-        return [(self.views[view][3], g, position, decode) for g, position, decode, view, _, _ in self.fields]
+        return [(self.names[view], g, position, decode) for g, position, decode, view, _, _ in self.fields]
 
-    def encode(self, entities: dict[str, list], replies: list, now_ms: float) -> tuple[bytes, dict[str, ViewRows]]:
-        """The answer's bytes and each view's row (the served-rows counts) for one entity row: per feature, its
-        value's opened result (remembered by its stored bytes, except floats) and its view's end (remembered by the
-        view's stored event time) joined. The look-ups and the joining run in C over all features at once; only a
-        value not remembered yet (floats always) is written in Python, and a row with a null or a missing or stale
-        view is joined feature by feature."""
-        views, ends, refused = {}, [], False
-        for g, ts_pos, ttl_ms, name in self.views:
+    def encode(self, entities: dict[str, list], replies: list, now_ms: float) -> tuple[bytes, RowOutcome]:
+        """The answer's bytes and its outcome (each view's status: the served-rows counts, a constant of the plan)
+        for one entity row: per feature, its value's opened result (remembered by its stored bytes, except floats)
+        and its view's end (remembered by the view's stored event time) joined. The look-ups and the joining run in
+        C over all features at once; only a value not remembered yet (floats always) is written in Python, and a
+        row with a null or a missing or stale view is joined feature by feature."""
+        ends, refused, number = [], False, 0
+        for g, ts_pos, ttl_ms, weight in self.views:
             raw = replies[g][ts_pos]
             stamp = _STAMPS.get(raw)
             if stamp is None:
@@ -125,9 +130,11 @@ class RowAnswer:
                 if len(_STAMPS) < _MAX_TEXTS:
                     _STAMPS[raw] = stamp
             if ttl_ms and stamp.ms < now_ms - ttl_ms:
-                end, views[name] = stamp.stale()
+                end = stamp.stale()
+                number += _STALE * weight
             else:
-                end, views[name] = stamp.ends, stamp.rows
+                end = stamp.ends
+                number += stamp.status * weight
             ends.append(end)
             if end[0] is None:  # every feature of the view is its refusal: (None, the null result)
                 refused = True
@@ -145,7 +152,10 @@ class RowAnswer:
                       for value, end in zip(opened, field_ends)]
         else:
             parts += map(add, opened, map(itemgetter(0), field_ends))
-        return self.head + b",".join(parts) + b"]}", views
+        outcome = self.outcomes.get(number)
+        if outcome is None:
+            outcome = self.outcomes[number] = tuple((name, number // 3 ** v % 3) for v, name in enumerate(self.names))
+        return self.head + b",".join(parts) + b"]}", outcome
 
     def _write_new(self, opened: list, raws: list, ends: list) -> None:
         """Fill in the opened results of the values not remembered (every float, a value seen for the first time),

@@ -132,8 +132,8 @@ def test_a_kept_one_row_answer_is_binned_as_the_values_it_served(monkeypatch):
     leaving out a row older than its view's ttl and a missing one."""
     catalog, answers = kept_answers(monkeypatch)
     kept, built = monitor(), monitor()
-    for request, row, views in answers:
-        kept.offer_row("svc", request.plan.row_answer, row, views)
+    for request, row, outcome in answers:
+        kept.offer_row("svc", request.plan.row_answer, row, outcome)
         built.offer("svc", request.finish(row))
     kept.drain(catalog)
     built.drain(catalog)
@@ -144,7 +144,7 @@ def test_a_kept_one_row_answer_is_binned_as_the_values_it_served(monkeypatch):
 
 def kept_answers(monkeypatch) -> tuple[Catalog, list[tuple]]:
     """A catalog of one view `v` (x: INT64, c: STRING, ttl 60 s) and one-row answers of the service `svc`: each
-    its plan, replies and views' rows, as `answer_json` gives them (the last two older than the ttl and missing)."""
+    its plan, replies and outcome, as `answer_json` gives them (the last two older than the ttl and missing)."""
     monkeypatch.setattr("time.time", lambda: 10_000)
     features = {"x": FeatureSpec("x", ValueType.INT64, b"x"), "c": FeatureSpec("c", ValueType.STRING, b"c")}
     view = ViewSpec("v", "v", (("id", ValueType.STRING),), features, 60_000, b"_ts:v")
@@ -166,8 +166,8 @@ def test_a_kept_one_row_answer_leaves_nothing_for_the_garbage_collector_to_track
     kept in objects the collector stops tracking at its first look."""
     catalog, answers = kept_answers(monkeypatch)
     drift = monitor()
-    for request, row, views in answers:
-        drift.offer_row(["v:c", "v:x"], request.plan.row_answer, row, views)
+    for request, row, outcome in answers:
+        drift.offer_row(["v:c", "v:x"], request.plan.row_answer, row, outcome)
     gc.collect()
     [kept] = drift.kept.values()
     assert len(kept.rows) == len(answers) and not any(gc.is_tracked(row) for row in kept.rows)
@@ -180,8 +180,8 @@ def test_the_drain_hands_the_event_loop_back_after_each_step(monkeypatch):
     stepped, at_once = monitor(rows_per_second=10_000), monitor(rows_per_second=10_000)
     for drift in (stepped, at_once):
         for i in range(100):
-            request, row, views = answers[i % len(answers)]
-            drift.offer_row("svc", request.plan.row_answer, row, views)
+            request, row, outcome = answers[i % len(answers)]
+            drift.offer_row("svc", request.plan.row_answer, row, outcome)
         for _ in range(3):
             drift.offer(["v:x", "v:c"], response(["x", "c"], {"x": list(range(150)), "c": ["a", "b", None] * 50}))
     turns: list[tuple[int, int]] = []  # per turn of the other task: rows not gathered yet, values binned

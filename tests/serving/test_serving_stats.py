@@ -85,6 +85,26 @@ def test_served_rows_per_view_add_up_across_workers(tmp_path):
                        "w": {"rows": 1, "not_found": 1, "outside_max_age": 0, "missing_rate": 1.0}}
 
 
+def test_one_row_outcomes_count_as_the_views_rows_they_stand_for(tmp_path):
+    """A one-row answer is counted by its outcome and folded in when read: the same figures as its views' rows,
+    beside rows counted the general way, in the summary, the metrics and a worker's dump."""
+    by_rows, by_outcome = ServerStats(tmp_path / "a"), ServerStats(tmp_path / "b")
+    for stats in (by_rows, by_outcome):
+        stats.served.count({"v": ViewRows((b"x", None), [1], [])})
+    for outcome in ((("v", 0), ("w", 1)), (("v", 2), ("w", 0)), (("v", 0), ("w", 1))):
+        by_outcome.served.count_row(outcome)
+    by_rows.served.count({"v": ViewRows((b"x",), [], []), "w": ViewRows((None,), [0], [])})
+    by_rows.served.count({"v": ViewRows((b"x",), [], [0]), "w": ViewRows((b"y",), [], [])})
+    by_rows.served.count({"v": ViewRows((b"x",), [], []), "w": ViewRows((None,), [0], [])})
+    assert by_outcome.served.summary() == by_rows.served.summary()
+    assert by_outcome.served.summary()["w"] == {"rows": 3, "not_found": 2, "outside_max_age": 0,
+                                                "missing_rate": round(2 / 3, 6)}
+    by_outcome.served.count_row((("v", 1), ("w", 0)))  # after a first read: counted on top of it
+    by_rows.served.count({"v": ViewRows((None,), [0], []), "w": ViewRows((b"y",), [], [])})
+    assert by_outcome.to_json()["served"] == by_rows.to_json()["served"]
+    assert exposition(by_outcome) == exposition(by_rows)
+
+
 def test_freshness_is_exported_with_the_ages_at_scrape_time():
     stats = ServerStats()
     stats.served.count({"v": ViewRows((b"x", None, b"y", b"z"), [1], [3])})

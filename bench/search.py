@@ -2,10 +2,11 @@
 
 A scratch project gets `--vectors` embeddings of `--dim` floats (clustered, as real embeddings are: `--clusters`
 Gaussian clusters) materialized the usual way: values into Redis in Feast's layout, vectors into the vector index
-(`serving.vector_common.open_index`). `--engine` picks where: Milvus Lite (embedded, FLAT), a Milvus server (HNSW; the
-one `featurectl services up --milvus` runs, started here on free ports in the scratch folder and stopped at the end,
-or `--uri`'s), both, one benchmark line each, or pgvector (HNSW; an embedded PostgreSQL in the scratch folder,
-stopped at the end, or `--uri`'s postgresql://); `--index-type` overrides Milvus's default index. The server's load
+(`serving.vector_common.open_index`). `--engine` picks where: pgvector, the default engine (HNSW; an embedded
+PostgreSQL in the scratch folder, stopped at the end, or `--uri`'s postgresql://), Milvus Lite (embedded, FLAT), a
+Milvus server (HNSW; the one `featurectl services up --milvus` runs, started here on free ports in the scratch folder
+and stopped at the end, or `--uri`'s), or both Milvus ones, one benchmark line each; `--index-type` overrides
+Milvus's default index. The server's load
 ends with `VectorIndex.seal`, so the searches go through the built index. Then the same
 `--queries` queries (after a warm-up; held-out draws of the same clusters) go
 through `client.search(view:feature, vector, k, features=[category])`, which answers ids, distances and a Redis
@@ -233,8 +234,9 @@ def _engine_name(engine: str, uri: Optional[str]) -> str:
 @click.option("--queries", "queries_n", default=1000, show_default=True, help="timed queries per side")
 @click.option("--clusters", default=256, show_default=True,
               help="Gaussian clusters the embeddings and queries come from; 0: one isotropic Gaussian")
-@click.option("--engine", type=click.Choice(["lite", "server", "both", "pgvector"]), default="both",
-              show_default=True, help="Milvus Lite, a Milvus server, one after the other, or pgvector")
+@click.option("--engine", type=click.Choice(["pgvector", "lite", "server", "both"]), default="pgvector",
+              show_default=True, help="pgvector (the default engine), Milvus Lite, a Milvus server, or both Milvus "
+                                      "ones one after the other")
 @click.option("--uri", default=None, help="the Milvus server to use, e.g. http://127.0.0.1:19530, or with "
                                           "--engine pgvector a PostgreSQL with pgvector; default: one started for "
                                           "the run")

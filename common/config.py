@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.errors import FeaturectlError
 
@@ -112,9 +112,9 @@ class VectorSettings(BaseModel):
     and Feast's own online store of that engine read either."""
 
     model_config = ConfigDict(extra="forbid")
-    engine: Literal["milvus", "pgvector"] = Field("milvus", description="Milvus (`serving.vector_index`) or "
-                                                                        "PostgreSQL's pgvector "
-                                                                        "(`serving.pgvector_index`)")
+    engine: Literal["pgvector", "milvus"] = Field("pgvector", description="PostgreSQL's pgvector "
+                                                                          "(`serving.pgvector_index`, the default) "
+                                                                          "or Milvus (`serving.vector_index`)")
     uri: Optional[str] = Field(None, description="the engine's server or cluster: Milvus's, e.g. "
                                                  "http://milvus:19530 (the one `featurectl services up --milvus` "
                                                  "starts: http://127.0.0.1:<local_port>), or a PostgreSQL with "
@@ -133,6 +133,20 @@ class VectorSettings(BaseModel):
                                                                       "pgvector: ef_search 64")
     local_port: int = Field(19530, description="port of the Milvus server `featurectl services up --milvus` "
                                                "starts; it also takes the 11 ports after it (its inner services)")
+
+    @model_validator(mode="after")
+    def _uri_fits_engine(self) -> "VectorSettings":
+        """A Milvus address under the pgvector engine (the default) or a PostgreSQL one under Milvus would fail
+        at the first write, far from the cause: refuse it here."""
+        if self.uri:
+            postgres = self.uri.startswith(("postgresql://", "postgres://"))
+            if self.engine == "pgvector" and not postgres:
+                raise ValueError(f"vectors.uri {self.uri!r} is not a PostgreSQL address (postgresql://...) for the "
+                                 "pgvector engine: for a Milvus server set `engine: milvus` beside it")
+            if self.engine == "milvus" and postgres:
+                raise ValueError(f"vectors.uri {self.uri!r} is a PostgreSQL address but the engine is milvus: set "
+                                 "`engine: pgvector` beside it")
+        return self
 
 
 class ServingSettings(BaseModel):

@@ -42,7 +42,8 @@ def demo(click_ctx: click.Context, days: int, events_per_day: int, live_seconds:
     click_ctx.invoke(repo_commands.plan, sql=False)
     _step("apply")
     click_ctx.invoke(repo_commands.apply)
-    _step(f"assets: {meshes} meshes derived on Ray (trimesh measures, D2 shape embedding) into Redis and Milvus")
+    _step(f"assets: {meshes} meshes derived on Ray (trimesh measures, D2 shape embedding) into Redis and the "
+          "vector index")
     click_ctx.invoke(datagen.assets, n=meshes, out=None, seed=7)
     click_ctx.invoke(asset_commands.process, source_name=None, address=None, workers=2, materialize=True)
     # `process` materializes only what it derived: a re-run with unchanged meshes after Redis lost its data (a

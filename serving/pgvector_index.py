@@ -10,9 +10,10 @@ the features of the hits come from Redis (`serving.search`).
 
 Embedded by default: a private PostgreSQL 16 with pgvector from the `pgserver` wheel, its data and unix socket in
 `<state_dir>/pgvector/` (no TCP port). The first process that needs it starts it; every later one, of any process of
-the repo, connects to the same server (pgserver's lock file and `postmaster.pid`); it runs until
-`featurectl services down`. `platform.vectors.uri` (postgresql://...) points the same code at any PostgreSQL with
-pgvector.
+the repo, connects to the same server (pgserver's lock file, `postmaster.pid` and its list of the processes using
+it); the last of them to exit stops it, as an embedded engine should leave nothing running, and `featurectl
+services down` stops one left behind by a killed process. `platform.vectors.uri` (postgresql://...) points the same
+code at any PostgreSQL with pgvector.
 
 Searches without filters walk the HNSW index (approximate, `ef_search`). pgvector 0.6 applies a filter after the
 index walk, which can leave fewer than k hits or miss nearer ones, so a filtered search is an exact scan of the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -48,14 +50,23 @@ def embedded_folder(config: ProjectConfig) -> Path:
     return config.state_dir / EMBEDDED_FOLDER
 
 
-def embedded_server(config: ProjectConfig):
-    """pgserver's handle of the repo's embedded PostgreSQL, started when no process runs it yet; it stays up
-    (cleanup_mode None) for the other processes of the repo until `stop_embedded`."""
-    import pgserver
+def _pgserver():
+    """The pgserver module, imported without platformdirs' warning about an unset XDG_RUNTIME_DIR (CI, containers:
+    pgserver keeps nothing there that we use)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver
+        import pgserver._commands
+    return pgserver
 
+
+def embedded_server(config: ProjectConfig):
+    """pgserver's handle of the repo's embedded PostgreSQL, started when no process runs it yet; it stays up while
+    any process of the repo holds a handle, and the last one's exit stops it."""
+    pgserver = _pgserver()
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it logs every pg_ctl command line at INFO
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    return pgserver.get_server(embedded_folder(config), cleanup_mode=None)
+    return pgserver.get_server(embedded_folder(config), cleanup_mode="stop")
 
 
 def stop_embedded(config: ProjectConfig) -> Optional[str]:
@@ -63,9 +74,7 @@ def stop_embedded(config: ProjectConfig) -> Optional[str]:
     folder = embedded_folder(config)
     if not (folder / "postmaster.pid").exists():
         return None
-    from pgserver._commands import pg_ctl
-
-    pg_ctl(["-w", "stop"], pgdata=folder, user="pgserver" if os.geteuid() == 0 else None)
+    _pgserver()._commands.pg_ctl(["-w", "stop"], pgdata=folder, user="pgserver" if os.geteuid() == 0 else None)
     return f"pgvector: stopped the embedded PostgreSQL in {folder}"
 
 

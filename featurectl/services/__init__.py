@@ -50,7 +50,7 @@ def uses_local_hdfs(cfg: ProjectConfig) -> bool:
 def uses_local_milvus(cfg: ProjectConfig) -> bool:
     """Whether the vector index is on the Milvus server `up --milvus` starts."""
     vectors = cfg.platform.vectors
-    return (vectors.uri or "").rstrip("/") == local_milvus_uri(vectors.local_port)
+    return vectors.engine == "milvus" and (vectors.uri or "").rstrip("/") == local_milvus_uri(vectors.local_port)
 
 
 def wanted_services(cfg: ProjectConfig, only: Optional[str], postgres: Optional[bool],
@@ -108,7 +108,8 @@ def up(obj, postgres: Optional[bool], flink: int, s3: Optional[bool], hdfs: Opti
                    f"and `platform.hdfs.webhdfs: {server.webhdfs}` in feature_store.yaml")
     if MilvusServer.name in started and not uses_local_milvus(cfg):
         uri = local_milvus_uri(cfg.platform.vectors.local_port)
-        click.echo(f"milvus: index vectors on it with `platform.vectors.uri: {uri}` in feature_store.yaml")
+        click.echo(f"milvus: index vectors on it with `platform.vectors.engine: milvus` and "
+                   f"`platform.vectors.uri: {uri}` in feature_store.yaml")
     if JOBMANAGER in started:
         click.echo(f"flink: jobs run on it with `--jobmanager 127.0.0.1:{cfg.platform.flink.local.rest_port}` "
                    "or `platform.flink.jobmanager` in feature_store.yaml")

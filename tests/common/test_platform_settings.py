@@ -41,3 +41,15 @@ def test_wrong_settings_are_named_with_what_is_wrong(tmp_path):
 def test_a_platform_section_that_is_not_a_mapping_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"`platform` must be a mapping of settings, got \['serving'\]"):
         load_config(_repo(tmp_path, ["serving"]))
+
+
+def test_vectors_default_to_embedded_pgvector_and_a_uri_must_fit_the_engine(tmp_path):
+    vectors = load_config(_repo(tmp_path)).platform.vectors
+    assert (vectors.engine, vectors.uri) == ("pgvector", None)
+    for platform, wrong in (({"uri": "http://127.0.0.1:19530"}, "is not a PostgreSQL address"),
+                            ({"engine": "milvus", "uri": "postgresql://u@h:5432/db"}, "set `engine: pgvector`")):
+        with pytest.raises(ConfigError) as raised:
+            load_config(_repo(tmp_path, {"vectors": platform}))
+        assert wrong in str(raised.value), raised.value
+    milvus = load_config(_repo(tmp_path, {"vectors": {"engine": "milvus", "uri": "http://127.0.0.1:19530"}}))
+    assert milvus.platform.vectors.uri == "http://127.0.0.1:19530"

@@ -13,13 +13,13 @@ import sys
 import time
 
 import numpy as np
+import pgserver
 import pytest
 
 from cli_helpers import sibling
 from serving.vector_common import VectorSearchError
 
 pytestmark = pytest.mark.integration
-pgserver = pytest.importorskip("pgserver", reason="the pgvector engine's tests need the pgserver wheel")
 
 vector_env = sibling("vector_env", "serving")
 DIM, ROWS = 8, 200
@@ -65,7 +65,7 @@ def _oracle(vectors: np.ndarray, query: np.ndarray, metric: str, rows=None) -> t
 @pytest.mark.parametrize("metric", ["L2", "COSINE", "IP"])
 def test_nearest_are_exact_for_each_metric(tmp_path, local_services, postgres_uri, engine, metric):
     platform = ({"engine": "pgvector", "uri": postgres_uri, "search_params": {"ef_search": 400}}
-                if engine == "pgvector" else {"index_type": "FLAT", "index_params": {}})
+                if engine == "pgvector" else {"engine": "milvus", "index_type": "FLAT", "index_params": {}})
     repo, client, vectors = _pushed_repo(tmp_path, {"vectors": platform}, metric)
     try:
         for query in np.random.default_rng(2).normal(size=(4, DIM)).astype(np.float32):

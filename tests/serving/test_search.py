@@ -24,7 +24,7 @@ CATEGORIES = ("chair", "table", "lamp")
 
 
 # Milvus Lite's exact index, and pgvector's HNSW with an ef_search above the rows: exact on this small set
-ENGINES = {"milvus": {"index_type": "FLAT", "index_params": {}},
+ENGINES = {"milvus": {"engine": "milvus", "index_type": "FLAT", "index_params": {}},
            "pgvector": {"engine": "pgvector", "search_params": {"ef_search": 400}}}
 
 
@@ -32,8 +32,6 @@ ENGINES = {"milvus": {"index_type": "FLAT", "index_params": {}},
 def env(request, tmp_path_factory, local_services):
     from serving.client import OnlineClient
 
-    if request.param == "pgvector":
-        pytest.importorskip("pgserver", reason="the embedded pgvector engine needs the pgserver wheel")
     folder = tmp_path_factory.mktemp("search")
     project = f"search{time.time_ns() % 10**9}"
     repo, _ = vector_env.make_vector_repo(folder, project, DIM, {"vectors": ENGINES[request.param]})

@@ -54,7 +54,7 @@ def indexed(tmp_path_factory, local_services, milvus_uri):
 
     project = f"hnsw{time.time_ns() % 10**9}"
     repo, _ = vector_env.make_vector_repo(tmp_path_factory.mktemp("hnsw"), project, DIM,
-                                          {"vectors": {"uri": milvus_uri}})
+                                          {"vectors": {"engine": "milvus", "uri": milvus_uri}})
     drawn = np.random.default_rng(19).normal(size=(ROWS + QUERIES, DIM)).astype(np.float32)
     vectors, queries = drawn[:ROWS], drawn[ROWS:]
     client = OnlineClient.from_repo(repo)
@@ -132,7 +132,7 @@ def test_materialize_seals_the_index(tmp_path, local_services, milvus_uri):
     from serving.vector_index import VectorIndex
 
     project = f"seal{time.time_ns() % 10**9}"
-    repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"uri": milvus_uri}})
+    repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"engine": "milvus", "uri": milvus_uri}})
     vectors = np.random.default_rng(20).normal(size=(ROWS, DIM)).astype(np.float32)
     cfg, _, when = vector_env.offline_rows(repo, vectors, "m")
     index, collection = VectorIndex(cfg), f"{project}_asset_shape"
@@ -162,7 +162,7 @@ def test_a_bulk_write_deletes_only_what_the_collection_holds_and_replaces_it(tmp
     from serving.vector_index import VectorIndex
 
     project = f"bulk{time.time_ns() % 10**9}"
-    repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"uri": milvus_uri}})
+    repo, _ = vector_env.make_vector_repo(tmp_path, project, DIM, {"vectors": {"engine": "milvus", "uri": milvus_uri}})
     view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
     index, collection = VectorIndex(load_config(repo)), f"{project}_asset_shape"
     rng = np.random.default_rng(21)

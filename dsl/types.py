@@ -98,7 +98,8 @@ VECTOR_METRICS = ("L2", "COSINE", "IP")
 @dataclass(frozen=True)
 class Vector:
     """A fixed-dimension float32 vector feature, e.g. a shape embedding; `metric` is the distance its index uses:
-    `L2` (Euclidean), `COSINE` (1 - cosine similarity, as distances) or `IP` (inner product)."""
+    `L2` (Euclidean; searches report its square), `COSINE` (searches report the cosine similarity: larger is
+    nearer) or `IP` (inner product, larger is nearer), as Milvus reports them, on either engine."""
 
     dim: int
     metric: str = "L2"

@@ -92,6 +92,7 @@ class PgVectorIndex(VectorEngine):
         self._conninfo: Optional[str] = None
         self._made: set[str] = set()
         self._indexed: set[str] = set()
+        self._write_configs: dict[Vector, Any] = {}
 
     @property
     def on_server(self) -> bool:
@@ -135,6 +136,13 @@ class PgVectorIndex(VectorEngine):
                           registry=raw.registry, online_store=store, offline_store={"type": "file"},
                           entity_key_serialization_version=raw.entity_key_serialization_version)
 
+    def _write_config(self, kind: Vector):
+        """`feast_repo_config(kind)`, built once: every write hands it to Feast's store, and a push writes often."""
+        config = self._write_configs.get(kind)
+        if config is None:
+            config = self._write_configs[kind] = self.feast_repo_config(kind)
+        return config
+
     def connection(self):
         """This thread's connection (autocommit, `ef_search` set), opened on its first use."""
         conn = getattr(self._local, "conn", None)
@@ -155,7 +163,7 @@ class PgVectorIndex(VectorEngine):
             kind = vector_kind(view)
             with self._lock:
                 self.connection().execute("CREATE EXTENSION IF NOT EXISTS vector")
-                self._store.update(self.feast_repo_config(kind), [], [self._feast_view(view.name)], [], [], True)
+                self._store.update(self._write_config(kind), [], [self._feast_view(view.name)], [], [], True)
             self.connection().execute(f"ALTER TABLE {_identifier(table)} ALTER COLUMN vector_value "
                                       f"TYPE vector({kind.dim})")
             self._made.add(table)
@@ -190,7 +198,7 @@ class PgVectorIndex(VectorEngine):
         table = self._table(view)
         try:
             with self._lock:
-                self._store.online_write_batch(self.feast_repo_config(vector_kind(view)), self._feast_view(view.name),
+                self._store.online_write_batch(self._write_config(vector_kind(view)), self._feast_view(view.name),
                                                data, None)
         except psycopg.errors.DataException as exc:
             raise VectorSearchError(f"`{view.name}` rows refused by PostgreSQL ({exc}): its vectors must have "

@@ -126,4 +126,9 @@ def test_the_freshness_record_and_its_history_are_written_on_the_cluster(loaded)
     newest = read_newest(cluster, project)
     assert newest == read_newest(single, project) and set(newest) == {VIEW}
     history = read_history(cluster, project)
-    assert history and history[-1].newest_ms == newest, "the run that raised the record sampled it"
+    first_end_ms = int((NOW - dt.timedelta(hours=RUNS[0][1])).timestamp() * 1000)
+    assert history and history[0].newest_ms == read_history(single, project)[0].newest_ms, "both sampled run one"
+    assert history[0].newest_ms[VIEW] <= first_end_ms < newest[VIEW], "the first sample is the first run's raise"
+    # the second run raised the record again: sampled unless it came within GAP_MS of the first sample (the report
+    # then places it there); the third run's older rows raised nothing
+    assert [s.newest_ms for s in history[1:]] in ([], [newest])

@@ -34,6 +34,13 @@ def _fraction(nanos: int) -> str:
     return f".{nanos:09d}Z"
 
 
+def event_ms(raw: bytes) -> int:
+    """Epoch milliseconds of a stored `_ts` (a serialized Timestamp, by protobuf's C parser): what a view's ttl is
+    checked against, by every reader of the serving side."""
+    stamp = Timestamp.FromString(raw)
+    return stamp.seconds * 1000 + stamp.nanos // 1_000_000
+
+
 def rfc3339(raw: Optional[bytes]) -> str:
     """A serialized protobuf Timestamp as Feast's feature server prints it (Z suffix, adaptive precision)."""
     if not raw:
@@ -166,6 +173,5 @@ def view_row(ts_raw: Optional[bytes], ttl_ms: Optional[int], now_ms: float) -> V
         return ViewRows((None,), [0], [])
     if not ttl_ms:
         return ViewRows((ts_raw,), [], [])
-    stamp = Timestamp.FromString(ts_raw)
-    stale = [0] if stamp.seconds * 1000 + stamp.nanos // 1_000_000 < now_ms - ttl_ms else []
-    return ViewRows((ts_raw,), [], stale, ([stamp.seconds], [stamp.nanos]))
+    stale = [0] if event_ms(ts_raw) < now_ms - ttl_ms else []
+    return ViewRows((ts_raw,), [], stale)

@@ -16,12 +16,11 @@ from operator import add, getitem, itemgetter
 from typing import TYPE_CHECKING, Any, Optional
 
 import orjson
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from dsl.types import FLOAT_TYPES
 from redis_store.decode import ColumnDecoder
 from serving.float_run import FloatRun, float_runs
-from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, rfc3339
+from serving.result import EPOCH, NOT_FOUND, OUTSIDE_MAX_AGE, event_ms, rfc3339
 from serving.served_rows import RowOutcome
 
 if TYPE_CHECKING:
@@ -54,9 +53,8 @@ class _Stamp:
             self.ms = math.inf
             self.status = _MISSING
             return
-        parsed = Timestamp.FromString(raw)
         self.ends = (_END % (b"PRESENT", self.stamp), _NULL + _END % (b"NULL_VALUE", self.stamp))
-        self.ms = parsed.seconds * 1000 + parsed.nanos // 1_000_000
+        self.ms = event_ms(raw)
         self.status = _PRESENT
 
     def stale(self) -> tuple[None, bytes]:

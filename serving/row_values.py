@@ -14,12 +14,11 @@ from itertools import repeat
 from operator import getitem, itemgetter
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from dsl.types import FLOAT_TYPES
 from redis_store.decode import ColumnDecoder
 from redis_store.layout import NULL
 from serving.float_run import float_runs
+from serving.result import event_ms
 
 if TYPE_CHECKING:
     from serving.plan import Plan
@@ -37,11 +36,10 @@ def _nothing() -> dict[Optional[bytes], Any]:
 
 
 def _event_ms(raw: bytes) -> int:
-    """Epoch milliseconds of a serialized Timestamp (by protobuf's C parser), remembered by its bytes."""
+    """`serving.result.event_ms`, remembered by its bytes."""
     ms = _EVENT_MS.get(raw)
     if ms is None:
-        stamp = Timestamp.FromString(raw)
-        ms = stamp.seconds * 1000 + stamp.nanos // 1_000_000
+        ms = event_ms(raw)
         if len(_EVENT_MS) < _MAX_REMEMBERED:
             _EVENT_MS[raw] = ms
     return ms

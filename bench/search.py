@@ -153,9 +153,9 @@ def local_milvus(folder: Path) -> Iterator[tuple[str, str, Path]]:
         click.echo(server.down(), err=True)
 
 
-def run(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str], seed: int,
-        index_type: Optional[str] = None, metrics_url: Optional[str] = None, access_log: Optional[Path] = None,
-        engine: str = "milvus") -> dict:
+def run(engine: str, vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, uri: Optional[str],
+        seed: int, index_type: Optional[str] = None, metrics_url: Optional[str] = None,
+        access_log: Optional[Path] = None) -> dict:
     from batch.materialize import materialize_view
     from common.config import load_config
     from dsl.repo import load_repo
@@ -250,14 +250,14 @@ def command(vectors_n: int, dim: int, k: int, queries_n: int, clusters: int, eng
             metrics_url: Optional[str], seed: int, index_type: Optional[str]) -> None:
     """Search: our SDK's p50/p99 and recall@k beside Feast's retrieve_online_documents_v2 on the same index."""
     if engine == "pgvector":
-        out = run(vectors_n, dim, k, queries_n, clusters, uri, seed, engine="pgvector")
+        out = run("pgvector", vectors_n, dim, k, queries_n, clusters, uri, seed)
         emit("search", out["ours"], out["peer"], out["params"])
     if engine in ("lite", "both"):
-        out = run(vectors_n, dim, k, queries_n, clusters, None, seed, index_type)
+        out = run("milvus", vectors_n, dim, k, queries_n, clusters, None, seed, index_type)
         emit("search", out["ours"], out["peer"], out["params"])
     if engine in ("server", "both"):
         with contextlib.ExitStack() as stack:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-search-milvus-")))
             server, metrics, log = (uri, metrics_url, None) if uri else stack.enter_context(local_milvus(folder))
-            out = run(vectors_n, dim, k, queries_n, clusters, server, seed, index_type, metrics, log)
+            out = run("milvus", vectors_n, dim, k, queries_n, clusters, server, seed, index_type, metrics, log)
         emit("search", out["ours"], out["peer"], out["params"])

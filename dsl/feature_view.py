@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Mapping, Optional, Sequence
 
 from dsl import aggregates
-from dsl.duration import parse_duration
+from dsl.duration import format_duration, parse_duration
 from dsl.entity import Entity
 from dsl.errors import (DefinitionError, DuplicateNameError, TypeMismatchError, UnknownColumnError,
                         UnknownReferenceError, WindowError, backticked)
@@ -64,6 +64,8 @@ class FeatureView:
         object.__setattr__(self, "ttl", parse_duration(self.ttl, f"{where} ttl"))
         object.__setattr__(self, "tile", parse_duration(self.tile, f"{where} tile"))
         self._check_join_keys(where)
+        if any(isinstance(f, Attribute) for f in self.features):
+            self._check_attribute_ttl(where)
         names: dict[str, str] = {}
         for feature in self.features:
             self._check_feature(feature, where)
@@ -75,6 +77,10 @@ class FeatureView:
                     raise DuplicateNameError(where, f"feature name `{feature_name}` is used twice",
                                              "give one of the aggregations another name=\"...\"")
                 names[feature_name] = feature_name
+        if len(self.vector_features) > 1:
+            raise DefinitionError(where, f"has {len(self.vector_features)} Vector features "
+                                  f"({', '.join(self.vector_features)}): Feast indexes one vector feature per view",
+                                  "declare each vector in a feature view of its own")
         object.__setattr__(self, "expectations", tuple(self.expectations))
         check_expectations(where, self.expectations, self.output_schema())
 
@@ -118,6 +124,16 @@ class FeatureView:
         if column not in self.source.schema:
             raise UnknownColumnError(where, f"unknown column `{column}` in source `{self.source.name}`",
                                      f"use one of: {', '.join(self.source.schema)}")
+
+    def _check_attribute_ttl(self, where: str) -> None:
+        """An Attribute is `last` over the ttl, counted in tiles: a ttl that is no whole number of tiles would
+        serve a value longer or shorter than the ttl says."""
+        ttl, tile = self.ttl, self.tile
+        if ttl < tile or ttl % tile:
+            raise WindowError(where, f"ttl {format_duration(ttl)} is not a whole number of tiles "
+                              f"({format_duration(tile)}): an Attribute is the latest value within the ttl, counted "
+                              "in tiles",
+                              "pick a ttl that the tile divides, e.g. ttl=\"7d\" with tile=\"1h\"")
 
     def _check_window(self, window: Window, where: str) -> None:
         tile = self.tile

@@ -3,7 +3,8 @@
 The **version** fingerprints what a view's offline and online values depend on: its compiled tile query (filters,
 aggregations, tile, join keys, column types), its tile columns, its window specs (names, lengths, output types)
 and the history folder it reads. Two definitions of one version compute the same values from the same events,
-so a change of version is what makes backfilled ranges stale; a ttl, a description or a tag is not in it.
+so a change of version is what makes backfilled ranges stale; a description or a tag is not in it, nor is the ttl
+of a view without Attributes (an Attribute is `last` over the ttl: its window's length is in it).
 
 The **definition** is the view as its author wrote it, as JSON-ready data: `featurectl apply` stores it, and
 `featurectl plan` compares it field by field with what the repo compiles to now (`changes`).

@@ -81,6 +81,16 @@ def test_window_not_a_multiple_of_tile():
         view(Aggregation("count", windows=["90m"]), tile="1h")
 
 
+@pytest.mark.parametrize("ttl", ["90m", "30m"])
+def test_attribute_ttl_not_a_multiple_of_tile(ttl):
+    with pytest.raises(WindowError, match=rf"ttl {ttl} is not a whole number of tiles \(1h\).*ttl=\"7d\""):
+        view(Attribute("user_id"), tile="1h", ttl=ttl)
+
+
+def test_ttl_needs_no_whole_tiles_without_attributes():
+    assert view(Aggregation("count", windows=["1h"]), tile="1h", ttl="90m").ttl.total_seconds() == 5400
+
+
 def test_malformed_window():
     with pytest.raises(WindowError, match=r"`1 hour` is not a duration.*e.g. `10m`, `1h`, `24h`, `7d`"):
         Aggregation("count", windows=["1 hour"])
@@ -176,3 +186,17 @@ def test_feature_service_logging_must_be_feature_logging():
     with pytest.raises(DefinitionError, match=r"feature service `ranking`: logging must be a FeatureLogging, got "
                                               r"float; write logging=FeatureLogging\(sample_rate=0.1\)"):
         FeatureService("ranking", features=["activity:views_24h"], logging=0.1)
+
+
+def test_the_ttl_is_in_the_version_of_a_view_with_attributes_only():
+    """An Attribute is `last` over the ttl, so the ttl changes its values; aggregations' windows do not read it."""
+    from dsl.compile_flink import SourceSettings, compile_view
+    from dsl.view_version import view_version
+
+    def version(*features, ttl: str) -> str:
+        v = view(*features, tile="1h", ttl=ttl)
+        return view_version(v, compile_view(v, SourceSettings("", "/data")))
+
+    counted = Aggregation("count", windows=["1h"])
+    assert version(counted, ttl="7d") == version(counted, ttl="8d")
+    assert version(counted, Attribute("user_id"), ttl="7d") != version(counted, Attribute("user_id"), ttl="8d")

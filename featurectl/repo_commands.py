@@ -27,7 +27,11 @@ def _settings(cfg: ProjectConfig) -> SourceSettings:
 
 
 def _compiled(cfg: ProjectConfig) -> CompiledRepo:
-    return compile_repo(cfg.repo_path, _settings(cfg))
+    from serving.vector_common import check_indexable
+
+    compiled = compile_repo(cfg.repo_path, _settings(cfg))
+    check_indexable(cfg, compiled.repo.views)
+    return compiled
 
 
 def _repo_contents(cfg: ProjectConfig, objects: FeastObjects):

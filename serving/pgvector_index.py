@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 from common.config import ProjectConfig
 from dsl.feature_view import FeatureView
 from dsl.types import Vector
-from serving.vector_common import Filters, VectorEngine, VectorSearchError, vector_kind
+from serving.vector_common import Filters, VectorEngine, VectorSearchError, check_indexable, vector_kind
 
 EMBEDDED_FOLDER = "pgvector"
 HNSW_BUILD = {"m": 16, "ef_construction": 200}
@@ -160,6 +160,7 @@ class PgVectorIndex(VectorEngine):
         dimension."""
         table = f"{self.config.project}_{view.name}"
         if table not in self._made:
+            check_indexable(self.config, [view])
             kind = vector_kind(view)
             with self._lock:
                 self.connection().execute("CREATE EXTENSION IF NOT EXISTS vector")

@@ -14,6 +14,9 @@ from serving.errors import RequestError
 Filters = Mapping[str, tuple[str, ...]]  # feature -> the texts it may equal (any of them); features ANDed
 
 
+PGVECTOR_HNSW_MAX_DIM = 2_000  # pgvector's ceiling for an HNSW index over `vector` (its hnsw.h)
+
+
 class VectorSearchError(RequestError):
     """A search that cannot be run as asked: no such vector feature, a query of another dimension, a bad filter."""
 
@@ -42,14 +45,24 @@ def feast_text(value: Any) -> str:
 
 
 def vector_kind(view: FeatureView) -> Vector:
-    """The vector type of a view's index: Feast's stores build every vector field of a view with one dimension, so
-    a view's vector features must share it."""
-    kinds = set(view.vector_features.values())
-    if len(kinds) != 1:
-        raise VectorSearchError(f"feature view `{view.name}` has vector features of types "
-                                f"{', '.join(sorted(k.value for k in kinds)) or 'none'}: an indexed view takes "
-                                "vector features of one dimension and metric")
-    return kinds.pop()
+    """The vector type of a view's index: its one vector feature's (`FeatureView` refuses a second, as Feast does)."""
+    kinds = list(view.vector_features.values())
+    if not kinds:
+        raise VectorSearchError(f"feature view `{view.name}` has no Vector feature to index")
+    return kinds[0]
+
+
+def check_indexable(config: ProjectConfig, views: Sequence[FeatureView]) -> None:
+    """Refuse, before anything is registered or written, a vector feature the project's engine cannot index: one
+    wider than pgvector's HNSW index takes."""
+    for view in views:
+        if not view.vector_features:
+            continue
+        kind = vector_kind(view)
+        if config.platform.vectors.engine == "pgvector" and kind.dim > PGVECTOR_HNSW_MAX_DIM:
+            raise VectorSearchError(f"feature view `{view.name}`: {kind.value} has more dimensions than pgvector's "
+                                    f"HNSW index takes ({PGVECTOR_HNSW_MAX_DIM}): set `platform.vectors.engine: "
+                                    "milvus` in feature_store.yaml, or give the vector fewer dimensions")
 
 
 class VectorEngine:

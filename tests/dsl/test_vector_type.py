@@ -17,7 +17,7 @@ from feast.protos.feast.types.Value_pb2 import FloatList, Value
 from cli_helpers import sibling
 from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, String, Timestamp, Vector
 from dsl.compile_feast import feast_field
-from dsl.errors import TypeMismatchError
+from dsl.errors import DefinitionError, TypeMismatchError
 from redis_store import columns, layout
 from serving.push_rows import PushRowError, check_columns
 
@@ -46,6 +46,13 @@ def test_vector_is_an_attribute_not_an_aggregation():
     assert view.output_schema() == {"embedding": Vector(8)} and view.vector_features == {"embedding": Vector(8)}
     with pytest.raises(TypeMismatchError, match=r"`last` over vector\(8\) column `embedding`.*Attribute"):
         FeatureView("shape", asset, _source(Vector(8)), features=[Aggregation("last", "embedding", windows=["1h"])])
+
+
+def test_one_vector_feature_per_view():
+    source = EventSource("two", {"asset_id": String, "a": Vector(4), "b": Vector(4), "t": Timestamp}, "t", path="two")
+    with pytest.raises(DefinitionError, match=r"feature view `two_vectors`: has 2 Vector features \(a, b\): Feast "
+                                              r"indexes one vector feature per view.*a feature view of its own"):
+        FeatureView("two_vectors", asset, source, [Attribute("a"), Attribute("b")])
 
 
 def test_source_names_vector_among_the_types():

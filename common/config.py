@@ -19,6 +19,7 @@ from common.errors import FeaturectlError
 
 DEFAULT_REPO = Path("feature_repo")
 SQLITE_PREFIX = "sqlite:///"
+LOCAL_POSTGRES = "postgres"  # a registry "URL" that names the PostgreSQL of `featurectl services up --postgres`
 
 log = logging.getLogger(__name__)
 _warned_relative_registries: set[tuple[Path, str]] = set()
@@ -288,8 +289,12 @@ class ProjectConfig:
         return self.registry_url.startswith("postgresql")
 
     def _resolve_registry(self, override: Optional[str]) -> str:
+        """The registry URL: `--registry`, else `FEATURECTL_REGISTRY`, else the yaml's `registry.path`; the word
+        `postgres` in any of them is the local PostgreSQL."""
         from_yaml = (self.raw.get("registry") or {}).get("path")
         url = override or os.environ.get("FEATURECTL_REGISTRY") or from_yaml
+        if url == LOCAL_POSTGRES:
+            return self.postgres_url()
         if not url:
             raise ConfigError("feature_store.yaml has no `registry.path`: set a sqlite:/// or postgresql:// URL")
         if url.startswith(SQLITE_PREFIX):

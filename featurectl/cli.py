@@ -23,9 +23,6 @@ class Context:
         self.registry = registry
 
     def config(self):
-        if self.registry == "postgres":
-            cfg = load_config(self.repo)
-            return load_config(self.repo, registry_override=cfg.postgres_url())
         return load_config(self.repo, registry_override=self.registry)
 
     def command_prefix(self) -> str:

@@ -33,13 +33,14 @@ def _print_stats(url: str) -> None:
 @click.option("--stats", "stats_url", default=None, metavar="URL",
               help="print P50/P90/P99/P99.9 per endpoint of the server at URL, then exit")
 @click.option("--require-api-key/--no-require-api-key", default=None,
-              help="ask every POST /get-online-features and POST /push for an API key (`featurectl keys`); default: "
+              help="ask every POST /get-online-features, /push and /retrieve-online-documents for an API key "
+                   "(`featurectl keys`); default: "
                    "platform.auth.enabled in feature_store.yaml (off in the example repo)")
 @click.pass_obj
 def serve(ctx, host: str, port: int, workers: int, timeout_s: float, stats_url: str | None,
           require_api_key: bool | None) -> None:
-    """Serve features over HTTP: Feast's POST /get-online-features and POST /push, /health, /ready, /metrics,
-    /openapi.json."""
+    """Serve features over HTTP: Feast's POST /get-online-features, /push and /retrieve-online-documents; GET /health,
+    /ready, /metrics, /stats, /openapi.json."""
     if stats_url:
         _print_stats(stats_url)
         return

@@ -51,3 +51,12 @@ def test_a_registry_folder_that_cannot_be_made_says_where_to_point_it(tmp_path):
     with pytest.raises(ConfigError, match=r"cannot make the registry's folder .*afile \(.*\): point `registry.path` "
                                           r"at a writable place, e.g. sqlite:///\$\{HOME\}/.featurectl/registry.db"):
         load_config(repo)
+
+
+def test_the_word_postgres_is_the_local_postgresql_as_option_and_as_environment_variable(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, "sqlite:///registry.db")
+    local = load_config(repo).postgres_url()
+    assert local.startswith("postgresql+psycopg://") and ":15432/" in local
+    assert load_config(repo, registry_override="postgres").registry_url == local
+    monkeypatch.setenv("FEATURECTL_REGISTRY", "postgres")
+    assert load_config(repo).registry_url == local

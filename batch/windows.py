@@ -8,10 +8,10 @@ alone (an as-of lookup after `start` never needs an earlier range). Between two 
 Attributes are `last` over a window of the view's ttl: the latest value, gone once older than the ttl.
 
 Everything is vectorized per chunk of entities: tiles sorted by (entity, tile), one int64 key per tile
-(`code * span + tile index`), binary searches for each window's first and last tile; then prefix sums for
-count/sum/mean (int64 exact, floats summed in long double), a sparse table of arg-extremes for min/max, the last
-non-null tile for last, and `batch.hll_windows` for approx_distinct. Python loops run over features, windows and
-sparse-table levels only.
+(`code * span + tile index`), binary searches for each window's first and last tile; then for count/sum/mean
+int64 prefix sums (exact) and a pairwise tree of float sums (a window adds only its own tiles), a sparse
+table of arg-extremes for min/max, the last non-null tile for last, and `batch.hll_windows` for approx_distinct.
+Python loops run over features, windows and sparse-table and tree levels only.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class _RowBuilder:
             OFFLINE_TIMESTAMP_TYPE)
         distinct = self._distinct_counts(tiles, codes, tile_index, tile_keys, boundary_keys)
         windows = {w: _Window(tile_keys, boundary_keys, w) for w in {f.tiles for f in self.features}}
-        sums = _PrefixSums(tiles)
+        sums = _WindowSums(tiles)
         for feature in self.features:
             values = distinct.get(feature.name)
             if values is None:
@@ -175,7 +175,7 @@ class _Window:
         self.window = window
 
 
-def _reduce(feature: WindowSpec, tiles: pa.Table, sums: "_PrefixSums", window: _Window) -> pa.Array:
+def _reduce(feature: WindowSpec, tiles: pa.Table, sums: "_WindowSums", window: _Window) -> pa.Array:
     partial = feature.partials
     if feature.op in ("count", "sum"):
         return pa.array(sums.over(partial[feature.op], window))
@@ -192,26 +192,67 @@ def _reduce(feature: WindowSpec, tiles: pa.Table, sums: "_PrefixSums", window: _
                      "batch/windows.py beside its definition in dsl/aggregates.py")
 
 
-class _PrefixSums:
-    """Sums of tile columns over windows, as differences of prefix sums made once per column (NULL counts as 0):
-    int64 exactly; floats in long double (64-bit mantissa on x86), so the error, about 1e-19 times the chunk's
-    running total, stays far below the float64 rounding of the result for any window of comparable size."""
+class _WindowSums:
+    """Sums of tile columns over windows (NULL counts as 0), each column prepared once. Integers: differences of an
+    int64 prefix sum, exact whenever the window's own sum fits (a wrap in between cancels out). Floats: a pairwise
+    tree of partial sums in long double (64-bit mantissa on x86), a window's sum added from the at most
+    2 log2(rows) tree nodes that lie inside it, so it never touches a value outside the window (a prefix difference
+    did: one 1e300 or inf in the chunk wiped out the sums of every entity after it), and its error is that of
+    pairwise summation over the window alone (about log2(rows) * 5e-20 of the window's absolute sum, below
+    float64's rounding), where a prefix difference's grew with the chunk's running total."""
 
     def __init__(self, tiles: pa.Table):
         self.tiles = tiles
-        self.prefixes: dict[str, np.ndarray] = {}
+        self.prepared: dict[str, np.ndarray] = {}
 
     def over(self, column: str, window: _Window) -> np.ndarray:
-        if column not in self.prefixes:
-            values = self.tiles.column(column)
+        values = self.tiles.column(column)
+        exact = pa.types.is_integer(values.type)
+        if column not in self.prepared:
             array = pc.fill_null(values, 0).to_numpy()
-            exact = pa.types.is_integer(values.type)
-            prefix = np.zeros(len(array) + 1, dtype=np.int64 if exact else np.longdouble)
-            np.cumsum(array, dtype=prefix.dtype, out=prefix[1:])
-            self.prefixes[column] = prefix
-        prefix = self.prefixes[column]
-        sums = prefix[window.hi] - prefix[window.lo]
-        return sums if prefix.dtype == np.int64 else sums.astype(np.float64)
+            self.prepared[column] = _prefix(array) if exact else _sum_tree(array)
+        prepared = self.prepared[column]
+        if exact:
+            return prepared[window.hi] - prepared[window.lo]
+        return _tree_sums(prepared, window.lo, window.hi).astype(np.float64)
+
+
+def _prefix(array: np.ndarray) -> np.ndarray:
+    prefix = np.zeros(len(array) + 1, dtype=np.int64)
+    np.cumsum(array, dtype=np.int64, out=prefix[1:])
+    return prefix
+
+
+def _sum_tree(array: np.ndarray) -> np.ndarray:
+    """A perfect binary tree over `array` (leaves at [n, 2n), n a power of two): node i = node 2i + node 2i + 1;
+    one zero past the leaves, which `_tree_sums` reads (and drops) for a range ending at the last leaf."""
+    n = 1 << max(0, len(array) - 1).bit_length()
+    tree = np.zeros(2 * n + 1, dtype=np.longdouble)
+    tree[n:n + len(array)] = array
+    size = n
+    while size > 1:
+        tree[size // 2:size] = tree[size:2 * size:2] + tree[size + 1:2 * size:2]
+        size //= 2
+    return tree
+
+
+def _tree_sums(tree: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The sum of leaves [lo, hi) for each pair, climbing from both ends at once (a range of m leaves takes about
+    log2(m) + 1 steps)."""
+    n = len(tree) // 2
+    out = np.zeros(len(lo), dtype=np.longdouble)
+    left, right = lo + n, hi + n
+    while True:
+        active = left < right
+        if not active.any():
+            return out
+        odd = active & (left & 1 == 1)
+        out += np.where(odd, tree[left], 0.0)
+        left = left + odd
+        odd = active & (right & 1 == 1)
+        right = right - odd
+        out += np.where(odd, tree[right], 0.0)
+        left, right = left >> 1, right >> 1
 
 
 def _window_extreme(values: pa.Array, window: _Window, largest: bool) -> pa.Array:

@@ -92,6 +92,7 @@ Timestamp = ValueType.TIMESTAMP
 
 
 MAX_VECTOR_DIM = 32_768  # Milvus's own ceiling for a float vector
+FLOAT32_MAX = 3.4028234663852886e38  # the greatest finite float32
 VECTOR_METRICS = ("L2", "COSINE", "IP")
 
 

@@ -173,9 +173,10 @@ class PgVectorIndex(VectorEngine):
     def write(self, view: FeatureView, columns: Mapping[str, Sequence[Any]], event_ms: Sequence[int],
               bulk: bool = False) -> int:
         """Write rows of `view` (join keys and every feature, one list per column; `event_ms` per row) through
-        Feast's PostgreSQL store: a row per entity and feature, the last row of an entity winning. A row without a
-        vector is not indexed. Returns the entities written. `bulk` (a load): the HNSW index is left to `seal`,
-        which builds it once over every row (pgvector's advice for a load: faster than growing it row by row)."""
+        Feast's PostgreSQL store: a row per entity and feature, the last row of an entity winning. An entity whose
+        last row has no vector leaves the index (its value in Redis is null now: a hit would find a vector the store
+        no longer serves). Returns the entities written. `bulk` (a load): the HNSW index is left to `seal`, which
+        builds it once over every row (pgvector's advice for a load: faster than growing it row by row)."""
         import datetime as dt
 
         import psycopg
@@ -183,13 +184,16 @@ class PgVectorIndex(VectorEngine):
         from feast.type_map import python_values_to_proto_values
 
         vectors = list(view.vector_features)
-        keep = [i for i in range(len(event_ms)) if all(columns[v][i] is not None for v in vectors)]
-        if not keep:
-            return 0
         join_keys = sorted(view.entity.join_keys)
-        rows = list({tuple(columns[k][i] for k in join_keys): i for i in keep}.values())
+        last = {tuple(columns[k][i] for k in join_keys): i for i in range(len(event_ms))}
+        rows = [i for i in last.values() if all(columns[v][i] is not None for v in vectors)]
+        gone = [key for key, i in last.items() if any(columns[v][i] is None for v in vectors)]
+        if not rows and not gone:
+            return 0
         kinds = {**view.entity.join_keys, **view.output_schema()}
-        protos = {name: python_values_to_proto_values([columns[name][i] for i in rows], kind.feast_value_type())
+        plain = {name: [list(map(float, columns[name][i])) if name in vectors else columns[name][i] for i in rows]
+                 for name in kinds}  # a vector's ints as floats: Feast's float list takes no int
+        protos = {name: python_values_to_proto_values(plain[name], kind.feast_value_type())
                   for name, kind in kinds.items()}
         data = []
         for n, i in enumerate(rows):
@@ -199,14 +203,31 @@ class PgVectorIndex(VectorEngine):
         table = self._table(view)
         try:
             with self._lock:
-                self._store.online_write_batch(self._write_config(vector_kind(view)), self._feast_view(view.name),
-                                               data, None)
+                if data:
+                    self._store.online_write_batch(self._write_config(vector_kind(view)),
+                                                   self._feast_view(view.name), data, None)
+                if gone:
+                    self._delete(view, table, gone)
         except psycopg.errors.DataException as exc:
             raise VectorSearchError(f"`{view.name}` rows refused by PostgreSQL ({exc}): its vectors must have "
                                     f"{vector_kind(view).dim} numbers") from exc
         if not bulk and table not in self._indexed:
             self._ensure_indexes(view, table)
         return len(rows)
+
+    def _delete(self, view: FeatureView, table: str, keys: Sequence[tuple]) -> None:
+        """Remove entities (join key values in sorted key order) from the view's table."""
+        from feast.infra.key_encoding_utils import serialize_entity_key
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.type_map import python_values_to_proto_values
+
+        join_keys = sorted(view.entity.join_keys)
+        values = [python_values_to_proto_values([key[n] for key in keys], view.entity.join_keys[k].feast_value_type())
+                  for n, k in enumerate(join_keys)]
+        version = self._write_config(vector_kind(view)).entity_key_serialization_version
+        serialized = [serialize_entity_key(EntityKey(join_keys=join_keys, entity_values=[v[n] for v in values]),
+                                           entity_key_serialization_version=version) for n in range(len(keys))]
+        self.connection().execute(f"DELETE FROM {_identifier(table)} WHERE entity_key = ANY(%s)", [serialized])
 
     def seal(self, view: FeatureView) -> None:
         """After a bulk load: build the view's HNSW indexes if missing (an existing one grew with the rows)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 from common.errors import shown
 from common.instants import format_epoch_ms
 from dsl.compile_stream_source import MAX_AHEAD_MS
-from dsl.types import FeatureType, ValueType, Vector
+from dsl.types import FLOAT32_MAX, FeatureType, ValueType, Vector
 from serving.errors import RequestError
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MILLISECOND = dt.timedelta(milliseconds=1)
 _INT_RANGES = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
                ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
-_FLOAT32_MAX = 3.4028234663852886e38
 _WANTED = {ValueType.STRING: "a string", ValueType.INT32: "an integer", ValueType.INT64: "an integer",
            ValueType.TIMESTAMP: "an integer (epoch milliseconds)", ValueType.FLOAT32: "a number",
            ValueType.FLOAT64: "a number", ValueType.BOOL: "true or false"}
@@ -117,7 +116,7 @@ def _plain_float32s(value: Sequence[Any]) -> bool:
         magnitudes = np.abs(np.asarray(value, dtype=np.float64))
     except OverflowError:
         return False
-    return bool((magnitudes <= _FLOAT32_MAX).all())
+    return bool((magnitudes <= FLOAT32_MAX).all())
 
 
 def _problem(value: Any, kind: FeatureType) -> str:
@@ -136,7 +135,7 @@ def _problem(value: Any, kind: FeatureType) -> str:
     else:
         if type(value) in (int, float) and not math.isfinite(value):
             return f"{value} is not a finite number"
-        if kind is ValueType.FLOAT32 and type(value) in (int, float) and abs(value) > _FLOAT32_MAX:
+        if kind is ValueType.FLOAT32 and type(value) in (int, float) and abs(value) > FLOAT32_MAX:
             return f"{value} is out of the float32 range"
         ok = type(value) in (int, float)
     if ok:

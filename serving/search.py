@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from dsl.types import Vector
+from dsl.types import FLOAT32_MAX, Vector
 from redis_store.layout import KeyEncoder
 from serving.catalog import Catalog, ViewSpec
 from serving.vector_common import Filters, VectorSearchError, filter_values
@@ -37,15 +37,17 @@ class SearchPlan:
 
 @dataclass
 class SearchResult:
-    """Hits nearest first: `ids` (join key -> value per hit), `distances`, and each requested feature's values."""
+    """Hits nearest first: `ids` (join key -> value per hit), `distances`, and each requested feature's values;
+    `join_keys` names the id columns (also when there is no hit)."""
 
     ids: list[dict[str, Any]]
     distances: list[float]
     features: dict[str, list]
+    join_keys: tuple[str, ...]
 
     def to_dict(self) -> dict[str, list]:
         """Columns: the join keys, the requested features, then `distance`."""
-        keys = {name: [row[name] for row in self.ids] for name in (self.ids[0] if self.ids else {})}
+        keys = {name: [row[name] for row in self.ids] for name in self.join_keys}
         return {**keys, **self.features, DISTANCE: self.distances}
 
     def to_feast_response(self) -> dict[str, Any]:
@@ -93,9 +95,16 @@ def query_vector(vector: Any, kind: Vector) -> list[float]:
     if len(values) != kind.dim:
         raise VectorSearchError(f"the query has {len(values)} numbers but the feature is a {kind.value}: "
                                 f"give {kind.dim}")
-    if not all(math.isfinite(v) for v in values):
+    try:
+        floats = [float(v) for v in values]
+    except OverflowError:
+        floats = [math.inf]
+    if not all(math.isfinite(v) for v in floats):
         raise VectorSearchError("the query holds NaN or an infinity: give finite numbers")
-    return [float(v) for v in values]
+    if any(abs(v) > FLOAT32_MAX for v in floats):
+        raise VectorSearchError(f"the query holds a number beyond float32's range (+-{FLOAT32_MAX:.4g}), which the "
+                                f"index cannot hold: give numbers a {kind.value} can")
+    return floats
 
 
 def hit_rows(plan: SearchPlan, project: str, hits: Sequence[tuple[str, float]]) -> list[dict[str, Any]]:
@@ -119,4 +128,4 @@ def feature_refs(plan: SearchPlan) -> list[str]:
 def result(rows: list[dict[str, Any]], hits: Sequence[tuple[str, float]], plan: SearchPlan,
            values: Optional[Mapping[str, list]]) -> SearchResult:
     features = {name: list(values[name]) for name in plan.features} if values else {n: [] for n in plan.features}
-    return SearchResult(rows, [distance for _, distance in hits], features)
+    return SearchResult(rows, [distance for _, distance in hits], features, tuple(sorted(dict(plan.view.join_keys))))

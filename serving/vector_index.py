@@ -126,29 +126,35 @@ class VectorIndex(VectorEngine):
               bulk: bool = False) -> int:
         """Index rows of `view` (join keys and every feature, one list per column; `event_ms` per row) as Feast's
         Milvus store writes them: the entity key's hex, event time in microseconds, the vectors, the join keys and
-        other features as text. An entity's previous row is replaced; a row without a vector is not indexed.
-        Returns the rows written. (Feast's own `online_write_batch` would first build a protobuf per value.)
-        `bulk` (a load, on a server): delete only the keys the collection holds, looked up first (`HELD_KEYS`);
-        otherwise every key is deleted before its insert, which costs no look-up."""
+        other features as text. An entity's previous row is replaced; an entity whose last row has no vector leaves
+        the index (Redis serves it null now). Returns the rows written. (Feast's own `online_write_batch` would
+        first build a protobuf per value.) `bulk` (a load, on a server): delete only the keys the collection holds,
+        looked up first (`HELD_KEYS`); otherwise every key is deleted before its insert, which costs no look-up."""
         vectors = list(view.vector_features)
-        keep = [i for i in range(len(event_ms)) if all(columns[v][i] is not None for v in vectors)]
-        if not keep:
-            return 0
         encoder = KeyEncoder(self.config.project, view.entity.join_keys)
         cut = len(self.config.project.encode())
-        keys = [key[:-cut].hex() for key in encoder.keys([[columns[k][i] for i in keep] for k in encoder.order])]
+        keys = [key[:-cut].hex() for key in encoder.keys([columns[k] for k in encoder.order])]
+        last = {key: i for i, key in enumerate(keys)}  # the last row of an entity wins, as in Feast's writer
+        dropped = {key for key, i in last.items() if any(columns[v][i] is None for v in vectors)}
         schema = view.output_schema()
         records = {}
-        for key, i in zip(keys, keep):
+        for key, i in last.items():
+            if key in dropped:
+                continue
             record = {"event_ts": int(event_ms[i]) * 1000, "created_ts": 0,
                       **{name: feast_text(columns[name][i]) for name in view.entity.join_keys}}
             for name, kind in schema.items():
                 value = columns[name][i]
                 record[name] = list(map(float, value)) if isinstance(kind, Vector) else feast_text(value)
-            records[key] = record  # the last row of an entity wins, as Feast's writer keeps one per entity
+            records[key] = record
+        if not records and not dropped:
+            return 0
         collection, pk = self._collection(view)
         rows = [{pk: key, **record} for key, record in records.items()]
         client = self.client()
+        if dropped:
+            with self._lock:
+                client.delete(collection_name=collection, ids=sorted(dropped))
         held = self._held(collection, pk, list(records)) if bulk and self.on_server else None
         for lo in range(0, len(rows), INSERT_ROWS):
             part = rows[lo:lo + INSERT_ROWS]

@@ -99,6 +99,8 @@ def test_async_client_agrees(env):
     ("asset_shape:category", [0.0] * DIM, "`asset_shape:category` is not a vector feature"),
     ("asset_shape:nothing", [0.0] * DIM, "no feature `asset_shape:nothing` in the registry"),
     ("asset_shape:embedding", [0.0] * (DIM - 1) + [float("nan")], "NaN or an infinity"),
+    ("asset_shape:embedding", [0.0] * (DIM - 1) + [10 ** 400], "NaN or an infinity"),
+    ("asset_shape:embedding", [0.0] * (DIM - 1) + [1e39], "a number beyond float32's range"),
 ])
 def test_bad_queries_are_clear_errors(env, reference, vector, message):
     with pytest.raises(VectorSearchError, match=message):
@@ -108,6 +110,34 @@ def test_bad_queries_are_clear_errors(env, reference, vector, message):
 def test_bad_filter_is_a_clear_error(env):
     with pytest.raises(VectorSearchError, match="cannot filter on `embedding`"):
         env[1].search("asset_shape:embedding", [0.0] * DIM, k=3, filters={"embedding": 1})
+
+
+def test_an_answer_without_hits_still_names_the_join_keys(env):
+    repo, client, *_ = env
+    found = client.search("asset_shape:embedding", [0.0] * DIM, k=3, filters={"category": "sofa"}, features=["faces"])
+    assert found.to_dict() == {"asset_id": [], "faces": [], "distance": []}
+    status, body = _post_documents(repo, {"features": ["asset_shape:embedding", "asset_shape:category"],
+                                          "query": [0.0] * DIM, "top_k": 2, "api_version": 2,
+                                          "filters": {"key": "category", "type": "eq", "value": "sofa"}})
+    assert status == 200 and body["metadata"]["feature_names"] == ["asset_id", "category", "distance"], body
+
+
+def test_a_vector_pushed_as_integers_is_indexed_and_a_null_one_leaves_the_index(env):
+    """Integers are numbers for a vector (as for any float column); a row whose vector is null takes the entity out
+    of the index, as Redis then serves no vector for it."""
+    _, client, *_ = env
+    far = [7] * DIM
+
+    def push(vector) -> None:
+        client.push("asset_shape_push", {"asset_id": ["far"], "category": ["far"], "faces": [-1],
+                                         "embedding": [vector], "event_timestamp": [int(time.time() * 1000)]})
+
+    push(far)
+    found = client.search("asset_shape:embedding", far, k=1, features=["faces"])
+    assert found.ids == [{"asset_id": "far"}] and found.distances == [0.0] and found.features["faces"] == [-1]
+    push(None)
+    assert client.get_features(["asset_shape:embedding"], {"asset_id": ["far"]})["embedding"] == [None]
+    assert "far" not in [row["asset_id"] for row in client.search("asset_shape:embedding", far, k=5).ids]
 
 
 def test_feast_reads_the_same_index(env):

@@ -12,8 +12,9 @@ comparison.
 Limits, each answered with a JSON error, after the answers to the requests before it, and the connection closed:
 414 past `max_url_bytes`, 431 past `max_header_bytes` or `max_headers` (also for a header line still growing past
 them, so a never-ending header is cut off after one more read), 408 when a request is not whole within
-`request_timeout_s` (slow or silent clients), 413 when the body is over `max_body_bytes` (read to its end, so the
-connection survives). Flow control: when the client does not read its answers the server stops answering and
+`request_timeout_s` (slow or silent clients), 413 when the body is over `max_body_bytes`: at once when its
+Content-Length says so (no 100 Continue, nothing more read), else once read to its end (the connection
+survives). Flow control: when the client does not read its answers the server stops answering and
 reading (`pause_writing`), and drops the connection after `request_timeout_s`; at most `max_pipelined` requests
 are read ahead of their answers, then reading pauses until they are answered.
 
@@ -41,8 +42,9 @@ LINGER_S = 1.0  # after a refusal, what the client still sends is read and dropp
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _TEMPLATES: dict[tuple[int, bytes, bool], bytes] = {}  # response heads without extra headers, by status, type, close
 _SPARE_HEAD_BYTES = 4096  # request line and line ends, beside the URL and header limits
-# the lengths of the headers kept: authorization, x-api-key, expect and accept, x-request-id and content-type
-_KEPT_SIZES = frozenset(map(len, (b"authorization", b"x-api-key", b"expect", b"x-request-id")))
+# the lengths of the headers kept: authorization, x-api-key, expect and accept, x-request-id and content-type,
+# content-length
+_KEPT_SIZES = frozenset(map(len, (b"authorization", b"x-api-key", b"expect", b"x-request-id", b"content-length")))
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # what the server logs and echoes: no spaces, no line breaks
 
 
@@ -182,6 +184,9 @@ class HttpProtocol(asyncio.Protocol):
             self.expect_continue = True
         elif name == b"x-request-id":
             self.request_id = request_id(value)
+        elif name == b"content-length" and value.strip().isdigit() and int(value) > self.max_body:
+            self._refuse(413, f"request body of {int(value)} bytes is over {self.max_body}; send a smaller one",
+                         "body_too_large")
         elif name == b"content-type" and self.arrow_media and value != JSON:  # JSON, the usual one, is media 0
             self.content_type = value
         elif name == b"accept" and self.arrow_media:

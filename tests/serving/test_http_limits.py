@@ -158,13 +158,31 @@ def test_json_nested_too_deep_is_a_400_naming_the_limit_before_any_work():
     _run(scenario)
 
 
-def test_a_body_over_the_limit_is_413_and_the_connection_lives_on():
+def _bodies_up_to(max_body: int) -> tuple[HttpProtocol, FakeTransport]:
+    app = FeatureServer(lambda: None)
+    app.max_body_bytes = max_body
+    return _connection(app)
+
+
+def test_a_body_declared_over_the_limit_is_413_at_once_without_waiting_for_it():
     async def scenario():
-        app = FeatureServer(lambda: None)
-        app.max_body_bytes = 1000
-        protocol, transport = _connection(app)
-        protocol.data_received(b"POST /get-online-features HTTP/1.1\r\ncontent-length: 2000\r\n\r\n" + b" " * 2000
-                               + HEALTH)
+        protocol, transport = _bodies_up_to(1000)
+        protocol.data_received(b"POST /get-online-features HTTP/1.1\r\nexpect: 100-continue\r\n"
+                               b"content-length: 2000\r\n\r\n")
+        await asyncio.sleep(0.01)
+        (response,) = _responses(transport)
+        assert response[0] == 413 and _error_code(response) == "body_too_large"
+        assert "2000 bytes is over 1000" in json.loads(response[2])["error"]
+        assert b"HTTP/1.1 100 Continue\r\n\r\n" not in transport.writes and transport.writes[-1] == b"<eof>"
+
+    _run(scenario)
+
+
+def test_a_chunked_body_over_the_limit_is_413_and_the_connection_lives_on():
+    async def scenario():
+        protocol, transport = _bodies_up_to(1000)
+        protocol.data_received(b"POST /get-online-features HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
+                               b"7d0\r\n" + b" " * 2000 + b"\r\n0\r\n\r\n" + HEALTH)
         await asyncio.sleep(0.01)
         assert [r[0] for r in _responses(transport)] == [413, 200]
 

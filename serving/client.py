@@ -155,7 +155,8 @@ class OnlineClient(_ClientCore):
 
     def get_features(self, features: Features, entity_rows: EntityRows, *, full_feature_names: bool = False,
                      output: Output = "dict") -> Any:
-        """Columns in request order (join keys first): a dict of lists, or `output="arrow"` / `"pandas"`."""
+        """Columns: the join keys in name order, then the features in request order; a dict of lists, or
+        `output="arrow"` / `"pandas"`."""
         request, replies = self.fetch(features, entity_rows, full_feature_names)
         return request.to_dict(replies) if output == "dict" else request.finish(replies).to(output)
 

@@ -156,9 +156,9 @@ def _remove_streams(cfg: ProjectConfig, jobs: list[tuple[Path, dict]]) -> None:
 
     topics = sorted({t for _, status in jobs for kind in ("tiles", "dead_letters")
                      for t in (status.get("topics") or {}).get(kind, [])})
-    if topics:
+    if jobs:
         try:
-            deleted = delete_topics(cfg.platform.kafka.bootstrap_servers, topics, timeout_s=10)
+            deleted = delete_topics(cfg.platform.kafka.bootstrap_servers, topics, timeout_s=10, project=cfg.project)
             click.echo(f"removed {len(deleted)} Kafka topic(s) of its streams: {', '.join(deleted) or '-'}")
         except Exception as exc:  # noqa: BLE001 - Kafka away: the rest of the teardown still runs
             click.echo(f"could not remove the streams' Kafka topics ({exc}): {', '.join(topics)}; start Kafka "

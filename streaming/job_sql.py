@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from common.errors import FeaturectlError
 from dsl.compile_flink import TILE_START, CompiledView, SourceSettings, compile_view
@@ -123,6 +123,12 @@ class JobPlan:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def tile_topics_of(project: str, topics: Iterable[str]) -> list[str]:
+    """Which of `topics` are tile topics of `project`'s streams, of any generation (each names its fingerprint)."""
+    pattern = re.compile(re.escape(f"featurectl.{_slug(project)}.") + r"[A-Za-z][A-Za-z0-9_]*\.tiles-[0-9a-f]+")
+    return sorted(t for t in topics if pattern.fullmatch(t))
 
 
 def job_name(project: str, views: Sequence[FeatureView]) -> str:

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from common.errors import FeaturectlError
 from streaming.config import StreamSettings
-from streaming.job_sql import JobPlan
+from streaming.job_sql import JobPlan, tile_topics_of
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +128,13 @@ class SourceLag:
         self.consumer.close()
 
 
-def delete_topics(bootstrap_servers: str, topics: list[str], timeout_s: float = 30.0) -> list[str]:
-    """Delete those of `topics` that exist (a torn-down stream's tiles and dead letters); the names deleted."""
+def delete_topics(bootstrap_servers: str, topics: list[str], timeout_s: float = 30.0,
+                  project: Optional[str] = None) -> list[str]:
+    """Delete those of `topics` that exist (a torn-down stream's tiles and dead letters) and, with `project`, every
+    tile topic of that project's streams (earlier generations' too: a reset names new ones); the names deleted."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    present = [t for t in topics if t in admin.list_topics(timeout=timeout_s).topics]
+    listed = admin.list_topics(timeout=timeout_s).topics
+    present = sorted({t for t in topics if t in listed} | set(tile_topics_of(project, listed) if project else ()))
     if not present:
         return []
     for future in admin.delete_topics(present, operation_timeout=timeout_s).values():

@@ -15,7 +15,7 @@ from dsl import load_repo
 from dsl.compile_flink import SourceSettings, compile_view
 from dsl.compile_stream_source import source_keys
 from streaming.bootstrap import Generation
-from streaming.job_sql import StreamDefinitionError, plan_job
+from streaming.job_sql import StreamDefinitionError, plan_job, tile_topics_of
 from streaming.runner import StreamError, Target, job_lock, start_ms
 from streaming.status import is_running
 
@@ -72,6 +72,15 @@ def test_fingerprint_follows_the_sql_not_the_start_position(repo):
     assert later.fingerprint != first.fingerprint and later.group_id != first.group_id
     cut = plan_job("p", views, repo.views, dataclasses.replace(SETTINGS, cutovers={"asset_interactions": 5}), STARTUP)
     assert cut.fingerprint != first.fingerprint and cut.cutovers == {"asset_interactions": 5}
+
+
+def test_the_tile_topics_of_a_project_of_every_generation_are_found_by_name(repo):
+    views = [repo.view("asset_activity"), repo.view("user_activity")]
+    generations = [plan_job("p", views, repo.views, SETTINGS, STARTUP, generation=g) for g in (0, 1)]
+    ours = [v.tiles_topic for plan in generations for v in plan.views]
+    others = [plan_job("p2", views, repo.views, SETTINGS, STARTUP).views[0].tiles_topic, "events",
+              "events.dead-letters", "featurectl.p.asset_activity.tiles-", "featurectl.p.a.b.tiles-12ab"]
+    assert tile_topics_of("p", [*others, *ours]) == sorted(ours) and len(set(ours)) == 4
 
 
 def test_a_view_without_a_topic_cannot_stream(repo):

@@ -8,6 +8,10 @@ of them read nothing, for ever. An end recorded that far ahead anyway (`--force`
 Offline rows of another version than the applied one are refused unless `--allow-stale VIEW`
 (`featurectl.offline_versions`); the version materialized is recorded for the feature server. Offline rows whose
 backfill failed a data-quality check are refused unless `--allow-failed-checks VIEW` (`featurectl.quality_checks`).
+
+A view that a running `featurectl stream` writes is materialized up to its stream's cutover, not past it: the offline
+rows after the cutover are computed from the history alone, without the stream's Kafka events, and one written over
+a value the stream wrote earlier would stay until that entity's windows next change in the stream.
 """
 
 from __future__ import annotations
@@ -70,6 +74,17 @@ def _registered(store, cfg, view):
     except FeatureViewNotFoundException:
         raise MaterializeError(f"feature view `{view.name}` is not in the registry of project `{cfg.project}`: "
                                "run `featurectl apply` first") from None
+
+
+def _stream_end(name: str, end: dt.datetime, cutovers: dict[str, int]) -> dt.datetime:
+    """END, or the cutover of the running stream that writes the view when that comes first."""
+    cutover = cutovers.get(name)
+    if cutover is None or cutover >= end.timestamp() * 1000:
+        return end
+    at = dt.datetime.fromtimestamp(cutover / 1000, dt.timezone.utc)
+    click.echo(f"{name}: a running stream writes its values from its cutover {at.isoformat()} on: materializing up "
+               "to the cutover, not to END")
+    return at
 
 
 def _since(feast_view, view, start: dt.datetime | None, end: dt.datetime, replaced: dict) -> dt.datetime | None:
@@ -146,20 +161,26 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
     from feast import FeatureStore
     from featurectl.offline_versions import Materializing, check_offline_versions, clear_online_values, replaced
     from featurectl.quality_checks import check_quality
+    from streaming.status import running_cutovers
 
     cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
     store = FeatureStore(config=cfg.feast_repo_config())
     chosen = [repo.view(name) for name in views] if views else _online_views(repo, cfg)
+    cutovers = running_cutovers(cfg.state_dir, cfg.project, {v.name: v.source.name for v in chosen})
     version_log = VersionLog(cfg.registry_url)
     try:
         replacing, switching = replaced(version_log, cfg.project), version_log.conflicts(cfg.project)
         jobs = []
         for view in chosen:
             feast_view = _registered(store, cfg, view)
-            since = _since(feast_view, view, start, end, replacing)
-            if since is not None:
-                jobs.append((Materializing(view, since, end), feast_view))
+            view_end = _stream_end(view.name, end, cutovers)
+            since = _since(feast_view, view, start, view_end, replacing)
+            if since is not None and since > view_end:
+                click.echo(f"{view.name}: START {since.isoformat()} is after its running stream's cutover: nothing "
+                           "to do")
+            elif since is not None:
+                jobs.append((Materializing(view, since, view_end), feast_view))
         checked = check_offline_versions(cfg, version_log, [job for job, _ in jobs], allow_stale,
                                          ctx.command_prefix())
         check_quality(cfg, [job for job, _ in jobs], allow_failed, ctx.command_prefix())

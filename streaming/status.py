@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 STATUS_FILE = "status.json"
 
@@ -47,6 +47,20 @@ def read_statuses(state_dir: Path) -> list[tuple[Path, dict]]:
             out.append((path.parent, json.loads(path.read_text())))
         except (OSError, ValueError):
             continue  # being replaced right now, or left half-written by a crash: skip it
+    return out
+
+
+def running_cutovers(state_dir: Path, project: str, sources: Mapping[str, str]) -> dict[str, int]:
+    """View -> the cutover (epoch ms) of its source in a stream of `project` running now, for the views of
+    `sources` (view -> source name) such a stream writes: from there on the stream's values are the served ones."""
+    out: dict[str, int] = {}
+    for home, status in read_statuses(state_dir):
+        if status.get("project") != project or not is_running(home):
+            continue
+        cutovers = (status.get("generation") or {}).get("cutovers_ms") or {}
+        for view in status.get("views") or {}:
+            if view in sources and sources[view] in cutovers:
+                out[view] = int(cutovers[sources[view]])
     return out
 
 

@@ -296,11 +296,15 @@ def test_a_backfill_over_history_and_live_events_agrees(env, tmp_path_factory):
 
 
 def test_materialize_incremental_after_the_stream_moves_nothing_back(env):
-    """The offline table now holds the live events too (the backfill above): materializing up to the stream's
-    clock writes only what is newer than what the stream wrote, and the values stay the oracle's."""
+    """The offline table now holds the live events too (the backfill above): materializing beside the running
+    stream stops at its cutover and writes only what is newer than what the stream wrote; the values stay the
+    oracle's."""
     repo = env["repo"]
     head = max(e["event_time"] for e in counted(env))
-    cli(repo, "materialize-incremental", iso(head))
+    out = cli(repo, "materialize-incremental", iso(head))
+    at = dt.datetime.fromtimestamp(CUTOVER / 1000, dt.timezone.utc).isoformat()
+    for name in VIEWS:  # the rows past the cutover are the running stream's to write
+        assert f"{name}: a running stream writes its values from its cutover {at} on" in out, out
     after = check_served(env, counted(env))
     for name in VIEWS:
         assert all(after[name][k]["_ts"] >= env["served"][name][k]["_ts"] for k in after[name]), name

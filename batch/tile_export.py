@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from common.flink import pin_planner
 from common.storage import Storage
 from dsl.compile_flink import TILE_START, CompiledView
 from dsl.feature_view import FeatureView
@@ -61,6 +62,7 @@ def export_tiles(env, jobs: list[TileJob], out_dir: Storage) -> dict[str, Storag
         statements.add_insert_sql(f"INSERT INTO {quote_ident(sink)}\n"
                                   f"{_ranged_query(job, *ranges[job.compiled.source])}")
     log.info("running the tile queries of %s in one Flink batch job", ", ".join(j.view.name for j in jobs))
+    pin_planner(env)
     statements.execute().wait()
     return folders
 

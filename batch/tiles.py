@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from common.flink import create_table_env
+from common.flink import create_table_env, pin_planner
 from dsl.compile_flink import CompiledView
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ def query_tiles(compiled: CompiledView, select: str = "SELECT * FROM tiles", env
     env = env or create_table_env(streaming=False)
     register_sources(env, compiled)
     log.info("running the tile query of %s in batch mode", compiled.view)
+    pin_planner(env)
     result = env.execute_sql(f"WITH tiles AS ({compiled.tile_query})\n{select}")
     columns = result.get_resolved_schema().get_column_names()
     with result.collect() as rows:

@@ -65,6 +65,20 @@ def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = Non
     return env
 
 
+def pin_planner(env) -> None:
+    """Make the Java thread that serves this Python thread's next call able to plan a query.
+
+    Flink hands Calcite its metadata provider through a thread-local set once, on the Java thread that created the
+    TableEnvironment. py4j pools its connections instead of pinning them to Python threads, so after another
+    Python thread has used the gateway a later call may run on a Java thread that never had it; planning there
+    fails with `NullPointerException: metadataHandlerProvider` (seen in a long test session). Call this right
+    before a statement that plans: it sets the provider on the current connection's thread and drops a cached
+    metadata query that may have been built without one."""
+    cluster = env._j_tenv.getPlanner().plannerContext().getCluster()
+    cluster.setMetadataProvider(cluster.getMetadataProvider())
+    cluster.invalidateMetadataQuery()
+
+
 def _prepare_gateway(storage: "Storage") -> None:
     """Put what the storage's filesystem needs into the environment PyFlink's gateway JVM starts with; a JVM
     this process already started without it cannot take it any more."""

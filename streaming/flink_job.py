@@ -106,7 +106,7 @@ class FlinkJob:
     @classmethod
     def start(cls, plan: JobPlan, options: dict[str, str], log_dir: Path, jobmanager: Optional[str] = None,
               parallelism: int = 1, storage: Optional[Storage] = None) -> "FlinkJob":
-        from common.flink import create_table_env
+        from common.flink import create_table_env, pin_planner
 
         log_dir.mkdir(parents=True, exist_ok=True)
         os.environ["FLINK_LOG_DIR"] = str(log_dir)  # read when PyFlink launches its JVM
@@ -117,6 +117,7 @@ class FlinkJob:
         statements = env.create_statement_set()
         for insert in plan.inserts():
             statements.add_insert_sql(insert)
+        pin_planner(env)
         job = cls(statements.execute().get_job_client(), log_dir)
         log.info("flink job %s submitted (%d tile queries, %d dead-letter queries)", job.job_id, len(plan.views),
                  len(plan.sources))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import copy_example_repo, featurectl
+from common.flink import pin_planner
 from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureService, FeatureView, Float64, String,
                  Timestamp, col, load_repo)
 from dsl.compile_flink import FROM_COMMITTED_OR_EARLIEST, SourceSettings, compile_view
@@ -197,6 +198,7 @@ def test_odd_columns_stay_one_identifier_each_in_the_streaming_sql(flink_env):
     *ddl, query = compiled.statements("streaming")
     for statement in ddl:
         flink_env.execute_sql(statement)
+    pin_planner(flink_env)
     flink_env.explain_sql(query)
     flink_env.explain_sql(compiled.streaming_source.dead_letter_query)
     assert columns(flink_env, view.name) == [*view.source.schema, "__rowtime"]

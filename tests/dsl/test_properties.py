@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from common.flink import pin_planner
 from dsl import Aggregation, Attribute, Entity, EventSource, FeatureView, ValueType, col
 from dsl.aggregates import OPS
 from dsl.compile_flink import SourceSettings, compile_view
@@ -102,4 +103,5 @@ def test_every_definition_compiles_to_accepted_sql_or_is_rejected_with_a_message
     statements = [s.replace("`events", f"`events_{suffix}") for s in compiled.statements("streaming")]
     for ddl in statements[:-1]:
         flink_env.execute_sql(ddl)
+    pin_planner(flink_env)
     flink_env.explain_sql(statements[-1])  # raises if Flink rejects the query

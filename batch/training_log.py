@@ -3,8 +3,10 @@
 Each label row (the service's join keys, `event_timestamp`, any label columns) gets the latest row logged for the
 same entity (every join key equal) whose `__log_timestamp` is at or before the label's time; of rows logged in the
 same microsecond, the one with the greatest `__request_id`. The label rows keep their columns and order, and gain
-every logged column but the join keys and `__log_date`: each feature's value, `__status` and `__timestamp`, then
-`__log_timestamp` and `__request_id`, NULL where no row was logged for the entity by then.
+every logged column but the join keys and `__log_date`, in the log's order: each feature's value, `__status` and
+`__timestamp` (and, before an on-demand view's features, the request data it read, as the request sent it), then
+`__log_timestamp` and `__request_id`, NULL where no row was logged for the entity by then. A service of on-demand
+views only logs no join keys (Feast's schema): it is refused.
 
 Logs are read where the registry's feature service says (its Feast `FileLoggingDestination`), with the schema Feast
 derives for the service, so files written before a feature was added read NULL for it. The join reads the join
@@ -22,9 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from batch.training import TrainingSetError, request_times_ms
+from common.log_columns import LOG_DATE, LOG_TIMESTAMP, REQUEST_ID, log_columns
 from dsl.compile_feast import EVENT_TIMESTAMP
-
-LOG_TIMESTAMP, LOG_DATE, REQUEST_ID = "__log_timestamp", "__log_date", "__request_id"  # feast.feature_logging's
 
 
 def logged_training_table(labels: pa.Table, service: str, store: Any) -> pa.Table:
@@ -55,7 +56,6 @@ def logged_training_table(labels: pa.Table, service: str, store: Any) -> pa.Tabl
 def _logged_service(store: Any, service: str) -> tuple[str, pa.Schema, list[str]]:
     """The folder of the service's logs, Feast's schema of them, and their join keys."""
     from feast.errors import FeatureServiceNotFoundException
-    from feast.feature_logging import FeatureServiceLoggingSource
     from feast.infra.offline_stores.file_source import FileLoggingDestination
 
     try:
@@ -67,11 +67,12 @@ def _logged_service(store: Any, service: str) -> tuple[str, pa.Schema, list[str]
     if config is None or not isinstance(config.destination, FileLoggingDestination):
         raise TrainingSetError(f"feature service `{service}` has no file logging: add "
                                "logging=FeatureLogging(sample_rate=...) to it, `featurectl apply`, and serve it")
-    schema = FeatureServiceLoggingSource(feast_service, store.project).get_schema(store.registry)
-    logged = {f"{p.name_to_use()}__{f.name}{suffix}" for p in feast_service.feature_view_projections
-              for f in p.features for suffix in ("", "__timestamp", "__status")}
-    keys = [name for name in schema.names if name not in logged and not name.startswith("__")]
-    return config.destination.path, schema, keys
+    columns = log_columns(feast_service, store.registry, store.project)
+    if not columns.join_keys:
+        raise TrainingSetError(f"feature service `{service}` logs no join keys to match labels on: it serves only "
+                               "on-demand views, whose logs Feast's schema gives their request data instead; add a "
+                               "feature of the view they read to the service, `featurectl apply`, and serve it")
+    return config.destination.path, columns.schema, list(columns.join_keys)
 
 
 def _log_dataset(path: str, schema: pa.Schema, service: str) -> ds.Dataset:

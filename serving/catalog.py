@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from common.log_columns import log_columns
 from common.version_log import VersionLog
 from dsl.duration import milliseconds
 from dsl.types import MAX_VECTOR_DIM, VECTOR_METRICS, FeatureType, ValueType, Vector
@@ -58,6 +59,7 @@ class LogSpec:
     sample_rate: float
     schema: Any  # pyarrow.Schema, as Feast's FeatureServiceLoggingSource derives it
     features: tuple[str, ...]  # log column of each served feature (`view__feature`), in the service's order
+    request_fields: tuple[str, ...] = ()  # request data its on-demand views read: logged from the request
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,6 @@ def _log_spec(service: Any, registry: Any, project: str) -> Optional[LogSpec]:
     """The service's logging as the server needs it; None without logging, with a destination other than files
     (logged by Feast's own servers, not ours), or when Feast cannot derive its log schema (the service is then
     served, not logged, and a warning says why)."""
-    from feast.feature_logging import FeatureServiceLoggingSource
     from feast.infra.offline_stores.file_source import FileLoggingDestination
 
     config = service.logging_config
@@ -134,12 +135,12 @@ def _log_spec(service: Any, registry: Any, project: str) -> Optional[LogSpec]:
                        service.name, type(config.destination).__name__)
         return None
     try:
-        schema = FeatureServiceLoggingSource(service, project).get_schema(registry)
+        columns = log_columns(service, registry, project)
     except Exception as exc:  # a view type Feast has no log schema for, a registry read failing now
         logger.warning("feature service `%s`: no log schema (%s); served but not logged", service.name, exc)
         return None
-    features = tuple(f"{p.name_to_use()}__{f.name}" for p in service.feature_view_projections for f in p.features)
-    return LogSpec(service.name, config.destination.path, config.sample_rate, schema, features)
+    return LogSpec(service.name, config.destination.path, config.sample_rate, columns.schema, columns.features,
+                   columns.request_fields)
 
 
 def load_catalog(registry: Any, project: str, versioning: bool = False,

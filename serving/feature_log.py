@@ -49,7 +49,8 @@ PIPE_BYTES = 1 << 20  # asked of the kernel for the pipe to the writer (Linux's 
 _SPAN = 1 << 32  # deterministic sampling: the CRC-32 of a request id against sample_rate * 2^32
 _ROOT = Path(__file__).resolve().parents[1]  # the folder holding `serving`: the writer imports the same code
 
-Queued = tuple[LogSpec, bytes, int, str, int]  # spec, answer as sent, rows, request id, log time (µs)
+Queued = tuple[LogSpec, bytes, int, str, int, bytes]  # spec, answer as sent, rows, request id, log time (µs),
+# request data (JSON; b"" for a service without on-demand request data)
 
 
 class _WriterProcess:
@@ -78,11 +79,11 @@ class _WriterProcess:
         """Frame a batch of answers (preceded by the services the writer does not know yet)."""
         by_spec: dict[int, int] = {}  # id(spec) -> key, for this batch: a spec is hashed once per batch
         answers, rows_by_service = [], {}
-        for spec, answer, rows, request_id, log_us in queued:
+        for spec, answer, rows, request_id, log_us, request_data in queued:
             key = by_spec.get(id(spec))
             if key is None:
                 key = by_spec[id(spec)] = self._key(spec)
-            answers.append((key, answer, rows, request_id, log_us))
+            answers.append((key, answer, rows, request_id, log_us, request_data))
             rows_by_service[spec.service] = rows_by_service.get(spec.service, 0) + rows
         self.unsent += frame(("answers", sum(rows_by_service.values()), answers))
         for service, count in rows_by_service.items():
@@ -92,7 +93,8 @@ class _WriterProcess:
         key = self.keys.get(spec)
         if key is None:
             key = self.keys[spec] = len(self.keys)
-            self.unsent += frame(("service", key, spec.service, spec.path, spec.schema, spec.features))
+            self.unsent += frame(("service", key, spec.service, spec.path, spec.schema, spec.features,
+                                  spec.request_fields))
         return key
 
     def exchange(self, wait_s: float) -> Optional[list[tuple]]:
@@ -150,10 +152,12 @@ class FeatureLogger:
         self._restarts = 0
         self._finish_s = 60.0
 
-    def offer(self, spec: LogSpec, answer: bytes, rows: int, request_id: Optional[str]) -> Optional[str]:
-        """Queue an answer (Feast's JSON response body of `rows` entity rows, as sent) when its request is
-        sampled: deterministically by `request_id` when the client gave one (the same id is logged by every worker
-        or by none), at random otherwise. Returns the request id logged, None when the request is not logged."""
+    def offer(self, spec: LogSpec, answer: bytes, rows: int, request_id: Optional[str],
+              request_data: bytes = b"") -> Optional[str]:
+        """Queue an answer (Feast's JSON response body of `rows` entity rows, as sent, and `request_data`, the
+        JSON object of the request's values of `spec.request_fields`, which the answer does not echo) when its
+        request is sampled: deterministically by `request_id` when the client gave one (the same id is logged by
+        every worker or by none), at random otherwise. Returns the request id logged, None when it is not logged."""
         rate = spec.sample_rate
         if request_id is None:
             if rate < 1.0 and random.random() >= rate:
@@ -167,7 +171,7 @@ class FeatureLogger:
             if self._off or not rows or held + rows > self.settings.queue_rows:
                 counts.dropped += rows
                 return None
-            self._queued.append((spec, answer, rows, request_id, time.time_ns() // 1000))
+            self._queued.append((spec, answer, rows, request_id, time.time_ns() // 1000, request_data))
             self._open_rows = held + rows
         counts.logged += rows
         self.stats.log_queued = held + rows

@@ -40,13 +40,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from common.log_columns import LOG_DATE, LOG_TIMESTAMP, REQUEST_ID
 from serving.feature_log_pipe import FrameReader, frame
 from serving.result import NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT
 from serving.stats import FeatureLogCounts
 
 logger = logging.getLogger(__name__)
 
-LOG_TIMESTAMP, LOG_DATE, REQUEST_ID = "__log_timestamp", "__log_date", "__request_id"  # feast.feature_logging's
 STATUS_CODES = {PRESENT: 1, NULL_VALUE: 2, NOT_FOUND: 3, OUTSIDE_MAX_AGE: 4}  # Feast's FieldStatus
 DRAIN_S = 0.2  # the longest an answer waits before it becomes Arrow: the queue bound's headroom
 READ_BYTES = 1 << 20
@@ -61,6 +61,7 @@ class LoggedService(NamedTuple):
     path: str
     schema: pa.Schema
     features: tuple[str, ...]
+    request_fields: tuple[str, ...]
 
 
 def _consume(calls: Iterator) -> None:
@@ -69,7 +70,7 @@ def _consume(calls: Iterator) -> None:
 
 class _Columns:
     """Answers of one service (one version of it) not yet in Arrow, column by column. An answer's results are its
-    join keys, then the service's features in order."""
+    join keys, then the service's features in order; the request data of its on-demand views comes beside it."""
 
     def __init__(self, spec: LoggedService, names: list[str]):
         self.spec = spec
@@ -78,14 +79,21 @@ class _Columns:
         self.values: list[list] = [[] for _ in names]
         self.statuses: list[list] = [[] for _ in spec.features]
         self.stamps: list[list] = [[] for _ in spec.features]
+        self.request: list[list] = [[] for _ in spec.request_fields]
         self.request_ids: list[str] = []
         self.log_us: list[int] = []
         self.rows = 0
 
-    def add(self, results: list[dict], rows: int, request_id: str, log_us: int) -> bool:
+    def add(self, results: list[dict], rows: int, request_id: str, log_us: int, request_data: bytes) -> bool:
         """Append one answer's columns; False (nothing appended) when it does not have this service's shape."""
         if len(results) != self.width:
             return False
+        if self.request:
+            data = orjson.loads(request_data or b"{}")
+            values = [data.get(name) for name in self.spec.request_fields]
+            if not all(isinstance(v, list) and len(v) == rows for v in values):
+                return False
+            _consume(map(list.extend, self.request, values))
         _consume(map(list.extend, self.values, map(_VALUES, results)))
         _consume(map(list.extend, self.statuses, map(_STATUSES, islice(results, len(self.keys), None))))
         _consume(map(list.extend, self.stamps, map(_STAMPS, islice(results, len(self.keys), None))))
@@ -114,7 +122,8 @@ class LogWriter:
         self._token = token
         self._report_to = report_to
         self._services: dict[int, LoggedService] = {}
-        self._answers: list[tuple[int, bytes, int, str, int]] = []  # service key, answer as sent, rows, id, time
+        self._answers: list[tuple[int, bytes, int, str, int, bytes]] = []  # service key, answer, rows, id, time,
+        # request data
         self._buffers: dict[str, _Buffer] = {}
         self._counts: dict[str, FeatureLogCounts] = {}  # since this writer started
         self._taken = 0
@@ -125,7 +134,7 @@ class LogWriter:
     def receive(self, message: tuple) -> None:
         if message[0] == "service":
             self._services[message[1]] = LoggedService(*message[2:])
-        else:  # ("answers", rows, [(service key, answer, rows, request id, log time), ...])
+        else:  # ("answers", rows, [(service key, answer, rows, request id, log time, request data), ...])
             self._answers.extend(message[2])
             self.queued_rows += message[1]
 
@@ -165,15 +174,15 @@ class LogWriter:
         self._taken += self.queued_rows
         self.queued_rows = 0
 
-    def _parse(self, taken: list[tuple[int, bytes, int, str, int]]) -> dict[int, _Columns]:
+    def _parse(self, taken: list[tuple[int, bytes, int, str, int, bytes]]) -> dict[int, _Columns]:
         parsed: dict[int, _Columns] = {}
-        for key, answer, rows, request_id, log_us in taken:
+        for key, answer, rows, request_id, log_us, request_data in taken:
             spec = self._services[key]
             response = orjson.loads(answer)
             columns = parsed.get(key)
             if columns is None:
                 columns = parsed[key] = _Columns(spec, response["metadata"]["feature_names"])
-            if not columns.add(response["results"], rows, request_id, log_us):
+            if not columns.add(response["results"], rows, request_id, log_us, request_data):
                 self._counted(spec.service).failed += rows  # the catalog changed under the plan: rare
         return parsed
 
@@ -232,7 +241,10 @@ def _arrays(columns: _Columns) -> dict[str, pa.Array]:
     """The log columns of parsed answers: values, statuses and timestamps as the answers said them (timestamps to
     the second, Feast's type)."""
     schema, features = columns.spec.schema, columns.spec.features
-    out = {key: pa.array(values, schema.field(key).type) for key, values in zip(columns.keys, columns.values)}
+    out = {key: pa.array(values, schema.field(key).type) for key, values in zip(columns.keys, columns.values)
+           if key in schema.names}  # an on-demand view's entity rows: answered, not in Feast's log schema
+    for name, values in zip(columns.spec.request_fields, columns.request):
+        out[name] = _values(values, schema.field(name).type)
     rows = columns.rows
     present = pa.array(np.full(rows, STATUS_CODES[PRESENT], dtype=np.int32))
     last_stamps, seconds = None, None

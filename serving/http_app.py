@@ -354,7 +354,10 @@ class FeatureServer:
             spec = self._logged(features)
             if spec is not None:  # the JSON answer, parsed back into columns by the log's writer process
                 sent = orjson.dumps(request.finish(replies).to_feast_response()) if arrow else payload
-                logged = self.feature_log.offer(spec, sent, request.rows, request_id)  # type: ignore[union-attr]
+                request_data = orjson.dumps({n: entities.get(n) for n in spec.request_fields}) if spec.request_fields \
+                    else b""  # what the answer does not echo: its on-demand views' request data
+                logged = self.feature_log.offer(  # type: ignore[union-attr]
+                    spec, sent, request.rows, request_id, request_data)
             return payload
 
         status, payload, kind = await self._call("get-online-features", fetched)

@@ -18,7 +18,7 @@ from batch.training_log import logged_training_table
 
 DEFINITIONS = '''
 from dsl import (Aggregation, Attribute, Entity, EventSource, FeatureLogging, FeatureService, FeatureView, Float64,
-                 Int64, String, Timestamp)
+                 Int64, RequestFields, String, Timestamp, on_demand)
 
 listing = Entity("listing", join_keys={"shop_id": String, "item_id": Int64})
 sales = EventSource("sales", {"shop_id": String, "item_id": Int64, "price": Float64, "colour": String,
@@ -28,6 +28,17 @@ listing_sales = FeatureView("listing_sales", listing, sales, tile="1h", features
     Attribute("colour")])
 listing_scoring = FeatureService("listing_scoring", features=[listing_sales], logging=FeatureLogging(sample_rate=1))
 unlogged = FeatureService("unlogged", features=[listing_sales])
+bid = RequestFields("bid", {"bonus": Float64, "tag": String})
+
+
+@on_demand(sources=[bid, listing_sales[["sold_1h"]]], schema={"boosted": Float64})
+def boosted(inputs):
+    return {"boosted": inputs["sold_1h"] + inputs["bonus"]}
+
+
+bid_scoring = FeatureService("bid_scoring", features=[listing_sales[["colour"]], boosted],
+                             logging=FeatureLogging(sample_rate=1))
+boost_only = FeatureService("boost_only", features=[boosted], logging=FeatureLogging(sample_rate=1))
 '''
 FEATURES = ["listing_sales__sold_1h", "listing_sales__price_max_24h", "listing_sales__colour"]
 START = dt.datetime(2026, 3, 1, 22, tzinfo=dt.timezone.utc)  # the logs span two __log_date folders
@@ -143,12 +154,37 @@ def test_the_cli_writes_the_same_table(logged, tmp_path):
      "join key `item_id` is string in the labels but int64 in the logs"),
     ("listing_scoring", pa.table({"shop_id": ["s0"], "item_id": [1], "event_timestamp": [0], "__request_id": ["a"]}),
      "label column(s) __request_id would be replaced"),
+    ("boost_only", None, "feature service `boost_only` logs no join keys to match labels on"),
 ])
 def test_errors_say_what_to_do(logged, service, labels, fragment):
     _, store, _ = logged
     labels = labels if labels is not None else pa.table({"shop_id": ["s0"], "item_id": [1], "event_timestamp": [0]})
     with pytest.raises(TrainingSetError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         logged_training_table(labels, service, store)
+
+
+def test_an_on_demand_views_request_data_is_logged_not_matched_on(logged):
+    """Feast's log schema of `bid_scoring` has `bonus` and `tag` (what its on-demand view reads from the request):
+    labels need only the view's join keys, and get the request data beside the features."""
+    from common.log_columns import log_columns
+
+    _, store, _ = logged
+    columns = log_columns(store.get_feature_service("bid_scoring"), store.registry, store.project)
+    assert (set(columns.join_keys), columns.request_fields) == ({"shop_id", "item_id"}, ("bonus", "tag"))
+    assert columns.features == ("listing_sales__colour", "boosted__boosted")
+    at = START + dt.timedelta(minutes=5)
+    log = {"shop_id": ["s0"], "item_id": [1], "listing_sales__colour": ["red"],
+           "listing_sales__colour__timestamp": [START], "listing_sales__colour__status": [1], "bonus": [0.5],
+           "tag": ["promo"], "boosted__boosted": [3.5], "boosted__boosted__timestamp": [START],
+           "boosted__boosted__status": [1], "__log_timestamp": [at], "__request_id": ["r1"]}
+    folder = Path(store.get_feature_service("bid_scoring").logging_config.destination.path) / "__log_date=2026-03-01"
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(log).cast(columns.schema.remove(columns.schema.get_field_index("__log_date"))),
+                   folder / "worker-0.parquet")
+    labels = pa.table({"shop_id": ["s0", "s1"], "item_id": [1, 1], "event_timestamp": [at, at]})
+    out = logged_training_table(labels, "bid_scoring", store).to_pylist()
+    assert [(r["bonus"], r["tag"], r["boosted__boosted"], r["__request_id"]) for r in out] == [
+        (0.5, "promo", 3.5, "r1"), (None, None, None, None)]
 
 
 @pytest.mark.parametrize("args", [["--from-log", "listing_scoring"], ["--labels", __file__],

@@ -31,6 +31,9 @@ logged_ranking = FeatureService("logged_ranking", features=[asset_activity[["vie
                                 logging=FeatureLogging(sample_rate=1.0))
 sampled_ranking = FeatureService("sampled_ranking", features=[asset_activity[["views_1h"]]],
                                  logging=FeatureLogging(sample_rate=0.5))
+logged_fit = FeatureService("logged_fit", features=[asset_attributes[["category"]], generation_fit],
+                            logging=FeatureLogging(sample_rate=1.0))
+logged_fit_only = FeatureService("logged_fit_only", features=[generation_fit], logging=FeatureLogging(sample_rate=1.0))
 """
 
 

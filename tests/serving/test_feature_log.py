@@ -122,6 +122,40 @@ def test_feast_reads_the_logs_with_the_schema_it_derives(served):
     assert (row["asset_activity__views_1h"], row["asset_attributes__category"]) == (4, "chair")
 
 
+def test_an_on_demand_views_request_data_is_logged_as_the_request_sent_it(served):
+    """Feast's schema of a service with an on-demand view has the request data that view reads (the answer does not
+    echo it) and, for a service of on-demand views only, no join keys (the request's entity column is dropped)."""
+    url, repo, store = served
+    from feast.feature_logging import FeatureServiceLoggingSource
+
+    entities = {"asset_id": ["a1", "zz", "old"], "prompt": ["a chair", "ü", ""], "target_volume": [8.0, 1.5, 3]}
+    answers = {}
+    for service in ("logged_fit", "logged_fit_only"):
+        status, answer, _ = post_features(url, {"feature_service": service, "entities": entities}, f"{service}-1")
+        assert status == 200
+        answers[service] = {name: result["values"] for name, result in
+                            zip(answer["metadata"]["feature_names"], answer["results"])}
+    deadline = time.monotonic() + 30
+    while not all(log_counts(url, s)["written"] + log_counts(url, s)["failed"] == 3 for s in answers):
+        assert time.monotonic() < deadline, {s: log_counts(url, s) for s in answers}
+        time.sleep(0.2)
+    assert all(log_counts(url, s)["failed"] == 0 for s in answers)
+    for service, answer in answers.items():
+        schema = FeatureServiceLoggingSource(store.get_feature_service(service), store.project).get_schema(
+            store.registry)
+        table = log_table(repo, service)
+        assert set(table.column_names) == set(schema.names)
+        rows = sorted(table.to_pylist(), key=lambda r: entities["prompt"].index(r["prompt"]))
+        assert [r["prompt"] for r in rows] == entities["prompt"]
+        assert [r["target_volume"] for r in rows] == [8.0, 1.5, 3.0]
+        assert [r["generation_fit__prompt_length"] for r in rows] == answer["prompt_length"] == [7, 1, 0]
+        assert [r["generation_fit__scale_to_target"] for r in rows] == answer["scale_to_target"]
+    assert "asset_id" not in log_table(repo, "logged_fit_only").column_names
+    assert [r["asset_attributes__category"] for r in sorted(log_table(repo, "logged_fit").to_pylist(),
+                                                            key=lambda r: entities["prompt"].index(r["prompt"]))] \
+        == answers["logged_fit"]["category"] == ["chair", None, "lamp"]
+
+
 def test_sampling_follows_the_request_id(served):
     url, repo, _ = served
     ids = [f"sample-{i}" for i in range(60)]

@@ -9,8 +9,8 @@ master go in one pipeline. Measured on a 3-master cluster on loopback (2 vCPUs),
 20,000 rows at once (1.95 keys per slot) and ran one thread per master.
 
 Rows whose key does not exist yet are created by `RESTORE` (no REPLACE) first, as on one node; the ones refused
-as existing take the guarded path. A row is skipped, as Feast's writer skips it, when the stored `_ts` is as new
-or newer: the script is given the row's time less one millisecond as the newest `_ts` it may overwrite.
+as existing take the guarded path. A row is skipped when the stored `_ts` is newer, or as new where a stream may
+have written it (as Feast's writer skips it): the script is given `RowCommands.newest_replaceable`.
 
 Routing, pipelines per master, MOVED/ASK and failover retries are `redis_store.writes`'s; a write counts once a
 replica (when the master has one) holds it, so a failover loses nothing. A cluster that stays unreachable longer
@@ -70,7 +70,7 @@ class ClusterChunkWriter(ChunkWriter):
         if len(remaining) == 0:
             return
         checked = rows if len(remaining) == len(rows) else rows.take(remaining)
-        commands = guarded.row_commands(checked.key_bulks, checked.millis - 1, checked.fields,
+        commands = guarded.row_commands(checked.key_bulks, checked.newest_replaceable(), checked.fields,
                                         checked.binary_values(), checked.key_ttl_s)
         replies = writes.execute(slots[remaining].tolist(), commands.to_pylist())
         failed = [r for r in replies if isinstance(r, hiredis.ReplyError)]

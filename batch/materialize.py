@@ -40,6 +40,7 @@ from redis_store.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 RESTORE_ROWS = 512  # rows per RESTORE round trip; the ones whose key exists go on in checked chunks
+NO_STREAM = 2**63 - 1  # a view no stream writes: every row may replace an equal `_ts`
 
 
 class MaterializeError(FeaturectlError, RuntimeError):
@@ -107,10 +108,12 @@ def latest_per_entity(batch: pa.RecordBatch, keys: list[str]) -> pa.Table:
 
 
 def encode_commands(table: pa.Table, view: FeatureView, project: str,
-                    listpack_limits: Optional[tuple[int, int]] = None, key_ttl_s: int = 0) -> RowCommands:
+                    listpack_limits: Optional[tuple[int, int]] = None, key_ttl_s: int = 0,
+                    replace_equal_before_ms: int = NO_STREAM) -> RowCommands:
     """Per row of `table`: its Redis key, event time, `_ts` check and values in Feast's layout; with the server's
     `listpack_limits`, also the RESTORE that creates the key when it does not exist yet. `key_ttl_s`: the expiry
-    every written key gets (Feast's `key_ttl_seconds`; 0: none)."""
+    every written key gets (Feast's `key_ttl_seconds`; 0: none). Rows older than `replace_equal_before_ms` may
+    overwrite an equal stored `_ts` (`RowCommands.newest_replaceable`)."""
     encoder = layout.KeyEncoder(project, view.entity.join_keys)
     key_bulks = columns.bulk(columns.key_column(encoder, [table.column(k) for k in encoder.order]))
     millis = table.column(EVENT_TIMESTAMP).cast(pa.timestamp("ms", "UTC")).cast(pa.int64()).to_numpy()
@@ -120,19 +123,26 @@ def encode_commands(table: pa.Table, view: FeatureView, project: str,
     values.append(columns.timestamp_column(millis))
     reads = columns.hget_commands(key_bulks, layout.ts_field(view.name))
     if listpack_limits is None:
-        return RowCommands(key_bulks, millis, reads, fields, values, key_ttl_s=key_ttl_s).with_writes()
+        return RowCommands(key_bulks, millis, reads, fields, values, key_ttl_s=key_ttl_s,
+                           replace_equal_before_ms=replace_equal_before_ms).with_writes()
     restorable = dump.restorable(fields, values, *listpack_limits)
     restores = dump.restore_commands(key_bulks, fields, values, key_ttl_s) if restorable.any() else None
-    return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable, key_ttl_s=key_ttl_s)
+    return RowCommands(key_bulks, millis, reads, fields, values, restores, restorable, key_ttl_s=key_ttl_s,
+                       replace_equal_before_ms=replace_equal_before_ms)
 
 
 def materialize_view(settings: RedisSettings, view: FeatureView, project: str, offline_path: Path | Storage,
                      start: datetime, end: datetime, batch_rows: int = 16_384, encoders: int = 2, key_ttl_s: int = 0,
-                     on_rows: Optional[Callable[[int], None]] = None,
+                     stream_cutover_ms: int = NO_STREAM, on_rows: Optional[Callable[[int], None]] = None,
                      on_written: Optional[Callable[[pa.Table], None]] = None) -> MaterializeStats:
     """Write the latest value per entity in [start, end] of one view's offline table to the Redis of `settings`;
     every key written expires after `key_ttl_s` when it is set (Feast's `online_store.key_ttl_seconds`). The
     newest event time of the rows is recorded as the view's (`redis_store.freshness`) once all are written.
+
+    A row replaces a newer `_ts` never, an equal one only before `stream_cutover_ms`, where the view's stream (if
+    any) writes nothing: there an equal `_ts` is an earlier materialization of the same boundary, whose values a
+    backfill may have recomputed since; from the cutover on it may be the stream's value at that instant, which
+    counts the events at it (Feast's writer skips every equal `_ts`).
 
     `on_written` gets each batch of rows once they are sent (the latest per entity), from the encoding threads:
     the vector index is filled from it.
@@ -148,7 +158,8 @@ def materialize_view(settings: RedisSettings, view: FeatureView, project: str, o
         latest = latest_per_entity(batch, list(view.entity.join_keys))
         if not latest.num_rows:
             return batch.num_rows, None
-        rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None, key_ttl_s)
+        rows = encode_commands(latest, view, project, limits if writer.wants_restores() else None, key_ttl_s,
+                               stream_cutover_ms)
         chunk = RESTORE_ROWS if rows.restores is not None else writer.checked_rows
         for lo in range(0, len(rows), chunk):
             writer.send(rows.slice(lo, chunk))

@@ -4,8 +4,9 @@ New keys first: a chunk's rows that can be (`redis_store.dump`) are sent as `RES
 REPLACE, which creates the whole hash in one command and refuses a key that exists: that is an atomic "create if
 absent", and costs Redis a third of an HSET. The rows refused go the checked way.
 
-Checked, per chunk: `WATCH` the keys and `HGET` their `_ts:{view}`; drop the rows whose stored event time is not
-older than ours (as Feast's own writer does: a stream's values at that very instant may hold more events);
+Checked, per chunk: `WATCH` the keys and `HGET` their `_ts:{view}`; drop the rows whose stored event time is newer
+than ours, and an equal one where a stream may have written it (as Feast's own writer does: a stream's values at
+that very instant may hold more events; `RowCommands.newest_replaceable`);
 `MULTI`, the remaining HSETs, `EXEC`. If anyone (a streaming writer, another materialization) writes one of the
 watched keys in between, Redis refuses the EXEC and the chunk is checked again, so an older row never overwrites
 a newer one even under concurrent writers. This is Redis's own optimistic locking, much cheaper on the
@@ -67,6 +68,7 @@ class RowCommands:
     restorable: Optional[np.ndarray] = None
     hsets: Optional[pa.BinaryArray] = None
     key_ttl_s: int = 0
+    replace_equal_before_ms: int = -(2**63)
 
     def __len__(self) -> int:
         return len(self.millis)
@@ -84,6 +86,12 @@ class RowCommands:
             return hsets
         return pc.binary_join_element_wise(hsets, columns.expire_commands(self.key_bulks, self.key_ttl_s),
                                            pa.scalar(b"", pa.binary()))
+
+    def newest_replaceable(self) -> np.ndarray:
+        """Per row, the newest stored `_ts` it may overwrite: one millisecond before its own, or its own when the
+        row is older than `replace_equal_before_ms` (no stream writes there, so an equal `_ts` is an earlier
+        materialization of the same boundary, and a backfill may have recomputed its values since)."""
+        return np.where(self.millis < self.replace_equal_before_ms, self.millis, self.millis - 1)
 
     def binary_values(self) -> list[pa.BinaryArray]:
         """The values as Arrow columns (one per field)."""
@@ -103,14 +111,16 @@ class RowCommands:
                            [_rows(v, cut) for v in self.values],
                            None if self.restores is None else self.restores.slice(lo, size),
                            None if self.restorable is None else self.restorable[cut],
-                           None if self.hsets is None else self.hsets.slice(lo, size), self.key_ttl_s)
+                           None if self.hsets is None else self.hsets.slice(lo, size), self.key_ttl_s,
+                           self.replace_equal_before_ms)
 
     def take(self, indices: np.ndarray) -> "RowCommands":
         """These rows only, for the checked path (no RESTOREs)."""
         chosen = pa.array(indices)
         return RowCommands(self.key_bulks.take(chosen), self.millis[indices], self.reads.take(chosen), self.fields,
                            [_rows(v, indices) for v in self.values],
-                           hsets=None if self.hsets is None else self.hsets.take(chosen), key_ttl_s=self.key_ttl_s)
+                           hsets=None if self.hsets is None else self.hsets.take(chosen), key_ttl_s=self.key_ttl_s,
+                           replace_equal_before_ms=self.replace_equal_before_ms)
 
 
 def _rows(values: Encoded, rows) -> Encoded:
@@ -269,7 +279,7 @@ class CheckedChunkWriter(ChunkWriter):
         stored = _round_trip(channel, _check(rows), 1 + len(rows))[1:] if rows is not None else []
         while rows is not None and not self.error:
             following = next_rows()
-            keep = _newer(stored, rows.millis)
+            keep = _newer(stored, rows.newest_replaceable())
             commit, expected = _commit(rows, keep)
             check = _check(following) if following is not None else []
             replies = _round_trip(channel, commit + check, expected + (1 + len(following) if check else 0))
@@ -302,7 +312,7 @@ class CheckedChunkWriter(ChunkWriter):
         """One chunk alone, checked and written until no concurrent write interferes: (rows written, rows
         skipped as older than Redis's, attempts refused by a concurrent write)."""
         for attempt in range(ATTEMPTS):
-            keep = _newer(_round_trip(channel, _check(rows), 1 + len(rows))[1:], rows.millis)
+            keep = _newer(_round_trip(channel, _check(rows), 1 + len(rows))[1:], rows.newest_replaceable())
             commit, expected = _commit(rows, keep)
             replies = _round_trip(channel, commit, expected)
             if len(keep) == 0 or replies[-1] is not None:
@@ -333,15 +343,14 @@ def _raise_failed(exec_replies: list) -> None:
         raise RedisWriteError(f"Redis refused {len(failed)} writes of a chunk: {failed[0]}")
 
 
-def _newer(stored: list, millis: np.ndarray) -> np.ndarray:
-    """Rows whose stored `_ts` is missing or older than ours. An equal time is skipped, as Feast's writer skips it:
-    a streamed value at that instant counts the events at it, which a boundary's value does not."""
+def _newer(stored: list, replaceable: np.ndarray) -> np.ndarray:
+    """Rows whose stored `_ts` is missing or at most the newest each may overwrite (`newest_replaceable`)."""
     present = [i for i, value in enumerate(stored) if value is not None]
     if not present:
         return np.arange(len(stored))
     keep = np.ones(len(stored), dtype=bool)
     existing = np.array([decode_timestamp_ms(stored[i]) for i in present], dtype=np.int64)
-    keep[present] = existing < millis[present]
+    keep[present] = existing <= replaceable[present]
     return np.flatnonzero(keep)
 
 

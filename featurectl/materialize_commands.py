@@ -12,6 +12,11 @@ backfill failed a data-quality check are refused unless `--allow-failed-checks V
 A view that a running `featurectl stream` writes is materialized up to its stream's cutover, not past it: the offline
 rows after the cutover are computed from the history alone, without the stream's Kafka events, and one written over
 a value the stream wrote earlier would stay until that entity's windows next change in the stream.
+
+A row replaces Redis's value when its boundary is newer than the stored `_ts`, and also when it is the same
+boundary before the cutover of any stream of the view (or the view has none): a backfill that recomputed a boundary's
+values (an event pushed into history later) reaches Redis by materializing the range again. From a cutover on an
+equal `_ts` is kept, as Feast's writer keeps it: it may be the stream's value at that instant.
 """
 
 from __future__ import annotations
@@ -123,20 +128,22 @@ def vector_sink(cfg, view) -> Iterator[Optional[Callable]]:
         index.seal(view)
 
 
-def _materialize(cfg, store, job, feast_view) -> None:
-    from batch.materialize import materialize_view
+def _materialize(cfg, store, job, feast_view, stream_cutover_ms: Optional[int]) -> None:
+    from batch.materialize import NO_STREAM, materialize_view
     from dsl.compile_feast import offline_table_location
     from redis_store.settings import RedisSettings
 
     view, since, end = job.view, job.start, job.end
+    cutover = NO_STREAM if stream_cutover_ms is None else stream_cutover_ms
     with vector_sink(cfg, view) as on_written, tqdm(unit="row", unit_scale=True, desc=view.name) as bar:
         stats = materialize_view(RedisSettings.from_config(cfg), view, cfg.project,
                                  offline_table_location(cfg.data_storage, view), since, end,
-                                 key_ttl_s=cfg.key_ttl_seconds, on_rows=bar.update, on_written=on_written)
+                                 key_ttl_s=cfg.key_ttl_seconds, stream_cutover_ms=cutover,
+                                 on_rows=bar.update, on_written=on_written)
     store.registry.apply_materialization(feast_view, cfg.project, since, end, commit=True)
     click.echo(f"{view.name}: {since:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}: {stats.rows_read:,} rows read, "
-               f"{stats.entities_written:,} entity writes, {stats.skipped_older:,} skipped as older than "
-               f"Redis's, {stats.seconds:.1f}s ({stats.rows_per_s:,.0f} rows/s)")
+               f"{stats.entities_written:,} written, {stats.skipped_older:,} not newer than Redis's, "
+               f"{stats.seconds:.1f}s ({stats.rows_per_s:,.0f} rows/s)")
 
 
 def _online_views(repo, cfg) -> list:
@@ -161,13 +168,15 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
     from feast import FeatureStore
     from featurectl.offline_versions import Materializing, check_offline_versions, clear_online_values, replaced
     from featurectl.quality_checks import check_quality
-    from streaming.status import running_cutovers
+    from streaming.status import stream_cutovers
 
     cfg = ctx.config()
     repo = load_repo(cfg.repo_path)
     store = FeatureStore(config=cfg.feast_repo_config())
     chosen = [repo.view(name) for name in views] if views else _online_views(repo, cfg)
-    cutovers = running_cutovers(cfg.state_dir, cfg.project, {v.name: v.source.name for v in chosen})
+    sources = {v.name: v.source.name for v in chosen}
+    cutovers = stream_cutovers(cfg.state_dir, cfg.project, sources, running=True)
+    written_by_streams = stream_cutovers(cfg.state_dir, cfg.project, sources)
     version_log = VersionLog(cfg.registry_url)
     try:
         replacing, switching = replaced(version_log, cfg.project), version_log.conflicts(cfg.project)
@@ -188,7 +197,7 @@ def _run(ctx, views: tuple[str, ...], end: dt.datetime, start: dt.datetime | Non
             name = job.view.name
             if name in switching or (name in replacing and name not in checked.waived):
                 clear_online_values(store, feast_view, replacing[name])
-            _materialize(cfg, store, job, feast_view)
+            _materialize(cfg, store, job, feast_view, written_by_streams.get(name))
             if name in checked.versions:
                 stale = name in checked.waived
                 version_log.record_online(cfg.project, {name: checked.versions[name]},

@@ -50,17 +50,19 @@ def read_statuses(state_dir: Path) -> list[tuple[Path, dict]]:
     return out
 
 
-def running_cutovers(state_dir: Path, project: str, sources: Mapping[str, str]) -> dict[str, int]:
-    """View -> the cutover (epoch ms) of its source in a stream of `project` running now, for the views of
-    `sources` (view -> source name) such a stream writes: from there on the stream's values are the served ones."""
+def stream_cutovers(state_dir: Path, project: str, sources: Mapping[str, str],
+                    running: bool = False) -> dict[str, int]:
+    """View -> the cutover (epoch ms) of its source in the streams of `project` that write it (with `running`,
+    only those running now; the earliest when several do), for the views of `sources` (view -> source name): from
+    there on the stream's values are the served ones, and before it no stream writes."""
     out: dict[str, int] = {}
     for home, status in read_statuses(state_dir):
-        if status.get("project") != project or not is_running(home):
+        if status.get("project") != project or (running and not is_running(home)):
             continue
         cutovers = (status.get("generation") or {}).get("cutovers_ms") or {}
         for view in status.get("views") or {}:
             if view in sources and sources[view] in cutovers:
-                out[view] = int(cutovers[sources[view]])
+                out[view] = min(int(cutovers[sources[view]]), out.get(view, 2**63 - 1))
     return out
 
 

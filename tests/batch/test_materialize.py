@@ -183,6 +183,33 @@ def cleanup(client, project: str) -> None:
         client.delete(*keys[lo:lo + 1_000])
 
 
+def test_a_recomputed_offline_table_reaches_redis_when_its_range_is_materialized_again(setup, local_services):
+    """A backfill that recomputes values without moving any boundary (an event pushed into the history within a
+    tile already counted) leaves every `_ts` as it was: materializing the range again must still serve the new
+    values (no stream writes this view, so an equal `_ts` is only the earlier materialization's)."""
+    tmp, view, table = setup
+    project = f"mat_again_{uuid.uuid4().hex[:8]}"
+    repo = _make_repo(tmp, project)
+    path = offline_table_path(tmp / "data", view)
+    _write_offline(table, path)
+    _apply(repo)
+    start, end = NOW - dt.timedelta(hours=23), NOW
+    in_process(repo, "materialize", start.isoformat(), end.isoformat(), "--view", VIEW)
+    rng = np.random.default_rng(99)
+    recomputed = table
+    for name, kind in view.output_schema().items():
+        index = recomputed.schema.get_field_index(name)
+        recomputed = recomputed.set_column(index, name, _random_column(rng, kind, table.num_rows))
+    _write_offline(recomputed, path)
+    again = in_process(repo, "materialize", start.isoformat(), end.isoformat(), "--view", VIEW)
+    expected = expected_latest(recomputed, start, end)
+    client = redis.Redis(*local_services.redis_host_port)
+    names = list(view.output_schema())
+    assert read_ours(client, project, view, sorted(expected)) == [
+        {n: expected[i][n] for n in names} for i in sorted(expected)], again.stdout
+    cleanup(client, project)
+
+
 def _dump(client, project: str) -> dict[bytes, dict]:
     suffix = project.encode()
     keys = [key for key in client.scan_iter(count=10_000) if key.endswith(suffix)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import numpy as np
@@ -73,6 +74,22 @@ def test_chunks_are_written_and_older_rows_never_overwrite_newer(client):
         "a row as new as the stored one is skipped, as Feast's writer skips it (a stream's value at that instant " \
         "may count events at it that a boundary's value does not)"
     assert _scores(client, project, ids[:2]) == [0, 1]
+
+
+def test_rows_before_the_replace_equal_bound_overwrite_an_equal_ts(client):
+    """A backfill recomputes a boundary's values without moving the boundary: where no stream writes (before its
+    cutover), its row overwrites the earlier materialization of the same instant; at and after it, it does not."""
+    client, project, settings = client
+    ids = ["before", "at", "after", "newer"]
+    writer = CheckedChunkWriter(settings, connections=1)
+    writer.send(_chunk(project, ids, [1, 2, 3, 4], [1_000, 2_000, 3_000, 9_000]))
+    assert writer.close() == 4
+    again = dataclasses.replace(_chunk(project, ids, [10, 20, 30, 40], [1_000, 2_000, 3_000, 4_000]),
+                                replace_equal_before_ms=2_000)
+    writer = CheckedChunkWriter(settings, connections=1)
+    writer.send(again)
+    assert writer.close() == 1 and writer.skipped_older == 3
+    assert _scores(client, project, ids) == [10, 2, 3, 4]
 
 
 class _InterruptedConnection(Connection):

@@ -196,10 +196,11 @@ class PgVectorIndex(VectorEngine):
         protos = {name: python_values_to_proto_values(plain[name], kind.feast_value_type())
                   for name, kind in kinds.items()}
         data = []
+        features = view.feature_names  # a property that builds its list: once, not per row
         for n, i in enumerate(rows):
             key = EntityKey(join_keys=join_keys, entity_values=[protos[k][n] for k in join_keys])
             when = dt.datetime.fromtimestamp(int(event_ms[i]) / 1000, dt.timezone.utc)
-            data.append((key, {name: protos[name][n] for name in view.feature_names}, when, None))
+            data.append((key, {name: protos[name][n] for name in features}, when, None))
         table = self._table(view)
         try:
             with self._lock:

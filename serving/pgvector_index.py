@@ -1,10 +1,10 @@
 """Vector features indexed in PostgreSQL's pgvector for nearest-neighbour search, in Feast's own PostgreSQL layout.
 
 Redis keeps every feature value (Feast's Redis layout); PostgreSQL holds the index. One table per view with a vector
-feature, `{project}_{view}`, made and written by Feast's own `PostgreSQLOnlineStore` (`vector_enabled`), so Feast's
-`retrieve_online_documents(_v2)` reads what we write: a row per (entity key, feature) with Feast's serialized entity
-key, the value's protobuf, its text (`value_text`, what filters compare) and, for a vector feature,
-`vector_value`. We type `vector_value` with the view's dimension (a write of another dimension is refused) and add
+feature, `{project}_{view}`, made by Feast's own `PostgreSQLOnlineStore` (`vector_enabled`) and written by it (a push)
+or with the same rows by binary COPY (a bulk load), so Feast's `retrieve_online_documents(_v2)` reads what we write:
+a row per (entity key, feature) with Feast's serialized entity key, the value's protobuf, its text (`value_text`,
+what filters compare) and, for a vector feature, `vector_value`. We type `vector_value` with the view's dimension (a write of another dimension is refused) and add
 one HNSW index per vector feature (partial: `WHERE feature_name = ...`). A search asks for keys and distances only;
 the features of the hits come from Redis (`serving.search`).
 
@@ -172,8 +172,9 @@ class PgVectorIndex(VectorEngine):
 
     def write(self, view: FeatureView, columns: Mapping[str, Sequence[Any]], event_ms: Sequence[int],
               bulk: bool = False) -> int:
-        """Write rows of `view` (join keys and every feature, one list per column; `event_ms` per row) through
-        Feast's PostgreSQL store: a row per entity and feature, the last row of an entity winning. An entity whose
+        """Write rows of `view` (join keys and every feature, one list per column; `event_ms` per row) in Feast's
+        PostgreSQL layout, by its store (or by `_load` when `bulk`): a row per entity and feature, the last row of
+        an entity winning. An entity whose
         last row has no vector leaves the index (its value in Redis is null now: a hit would find a vector the store
         no longer serves). Returns the entities written. `bulk` (a load): the HNSW index is left to `seal`, which
         builds it once over every row (pgvector's advice for a load: faster than growing it row by row)."""
@@ -195,16 +196,18 @@ class PgVectorIndex(VectorEngine):
                  for name in kinds}  # a vector's ints as floats: Feast's float list takes no int
         protos = {name: python_values_to_proto_values(plain[name], kind.feast_value_type())
                   for name, kind in kinds.items()}
-        data = []
-        features = view.feature_names  # a property that builds its list: once, not per row
-        for n, i in enumerate(rows):
-            key = EntityKey(join_keys=join_keys, entity_values=[protos[k][n] for k in join_keys])
-            when = dt.datetime.fromtimestamp(int(event_ms[i]) / 1000, dt.timezone.utc)
-            data.append((key, {name: protos[name][n] for name in features}, when, None))
+        keys = [EntityKey(join_keys=join_keys, entity_values=[protos[k][n] for k in join_keys])
+                for n in range(len(rows))]
+        whens = [dt.datetime.fromtimestamp(int(event_ms[i]) / 1000, dt.timezone.utc) for i in rows]
+        features = view.feature_names  # a property that builds its list: once, not per write
         table = self._table(view)
         try:
+            if rows and bulk:
+                self._load(view, table, keys, whens, {name: protos[name] for name in features}, plain)
             with self._lock:
-                if data:
+                if rows and not bulk:
+                    data = [(key, {name: protos[name][n] for name in features}, when, None)
+                            for n, (key, when) in enumerate(zip(keys, whens))]
                     self._store.online_write_batch(self._write_config(vector_kind(view)),
                                                    self._feast_view(view.name), data, None)
                 if gone:
@@ -215,6 +218,54 @@ class PgVectorIndex(VectorEngine):
         if not bulk and table not in self._indexed:
             self._ensure_indexes(view, table)
         return len(rows)
+
+    def _load(self, view: FeatureView, table: str, keys: list, whens: list, protos: Mapping[str, list],
+              plain: Mapping[str, list]) -> None:
+        """The rows Feast's `online_write_batch` writes (same columns, same bytes), loaded by binary COPY into a
+        temporary table and merged into the view's table by one INSERT ... ON CONFLICT: Feast's writer sends an
+        INSERT per entity and feature and formats every vector as text."""
+        from feast.infra.key_encoding_utils import get_list_val_str, serialize_entity_key
+        from feast.infra.online_stores.helpers import extract_text_and_num
+        from pgvector import Vector as PgVector
+        from pgvector.psycopg import register_vector
+
+        conn = self.connection()
+        if not getattr(self._local, "vector_types", False):
+            register_vector(conn)
+            self._local.vector_types = True
+        with_num = self._has_value_num(table)
+        columns = ["entity_key", "feature_name", "value", "value_text", "value_num", "vector_value", "event_ts",
+                   "created_ts"]
+        types = ["bytea", "text", "bytea", "text", "float8", "vector", "timestamptz", "timestamptz"]
+        if not with_num:
+            del columns[4], types[4]
+        names = ", ".join(columns)
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[2:])
+        version = self._write_config(vector_kind(view)).entity_key_serialization_version
+        vectors = set(view.vector_features)
+        with conn.transaction():
+            conn.execute(f"CREATE TEMP TABLE featurectl_load (LIKE {_identifier(table)}) ON COMMIT DROP")
+            with conn.cursor().copy(f"COPY featurectl_load ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(types)
+                for n, key in enumerate(keys):
+                    key_bin = serialize_entity_key(key, entity_key_serialization_version=version)
+                    for name, values in protos.items():
+                        value = values[n]
+                        text, num = extract_text_and_num(value, with_num)
+                        # Feast's text of a list value; a vector in pgvector's binary form, from the same floats
+                        vector = PgVector(plain[name][n]) if name in vectors else get_list_val_str(value)
+                        row = [key_bin, name, value.SerializeToString(), text, num, vector, whens[n], None]
+                        if not with_num:
+                            del row[4]
+                        copy.write_row(row)
+            conn.execute(f"INSERT INTO {_identifier(table)} ({names}) SELECT {names} FROM featurectl_load "
+                         f"ON CONFLICT (entity_key, feature_name) DO UPDATE SET {updates}")
+
+    def _has_value_num(self, table: str) -> bool:
+        """Whether the table has Feast's optional `value_num` column (made with `enable_openai_compatible_store`)."""
+        return self.connection().execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s "
+            "AND column_name = 'value_num'", (table,)).fetchone() is not None
 
     def _delete(self, view: FeatureView, table: str, keys: Sequence[tuple]) -> None:
         """Remove entities (join key values in sorted key order) from the view's table."""

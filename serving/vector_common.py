@@ -96,7 +96,20 @@ class VectorEngine:
 
         millis = table.column(EVENT_TIMESTAMP).cast(pa.timestamp("ms", "UTC")).cast(pa.int64()).to_pylist()
         names = [*view.entity.join_keys, *view.feature_names]
-        return self.write(view, {name: table.column(name).to_pylist() for name in names}, millis, bulk=True)
+        return self.write(view, {name: _pylist(table.column(name)) for name in names}, millis, bulk=True)
+
+
+def _pylist(column: Any) -> list:
+    """A column's values as Python lists; a vector column without nulls through numpy, several times faster than
+    Arrow's `to_pylist` of a fixed-size list."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(column.type) and column.null_count == 0 and len(column):
+        flat = column.combine_chunks().flatten()
+        if flat.null_count == 0:
+            return np.asarray(flat).reshape(len(column), column.type.list_size).tolist()
+    return column.to_pylist()
 
 
 def open_index(config: ProjectConfig) -> VectorEngine:

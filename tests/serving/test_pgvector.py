@@ -107,8 +107,42 @@ def test_a_vector_of_another_dimension_is_refused(tmp_path, local_services, post
     client.close()
     view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
     columns = {"asset_id": ["bad"], "category": ["x"], "faces": [1], "embedding": [[0.5] * (DIM - 1)]}
-    with pytest.raises(VectorSearchError, match=f"its vectors must have {DIM} numbers"):
-        open_index(load_config(repo)).write(view, columns, [int(time.time() * 1000)])
+    for bulk in (False, True):
+        with pytest.raises(VectorSearchError, match=f"its vectors must have {DIM} numbers"):
+            open_index(load_config(repo)).write(view, columns, [int(time.time() * 1000)], bulk=bulk)
+
+
+def test_a_bulk_load_writes_the_rows_feasts_writer_writes(tmp_path, local_services, postgres_uri):
+    """A materialization's binary COPY against Feast's own `online_write_batch` (the push path) on the same rows:
+    every column of every row equal, text that COPY would have to escape, integer vectors and a null vector (its
+    entity left out) among them."""
+    import psycopg
+
+    from common.config import load_config
+    from dsl.repo import load_repo
+    from serving.vector_common import open_index
+
+    repo, _ = vector_env.make_vector_repo(tmp_path, f"pgvb{time.time_ns() % 10**9}", DIM,
+                                          {"vectors": {"engine": "pgvector", "uri": postgres_uri}})
+    view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
+    vectors = np.random.default_rng(9).normal(size=(50, DIM)).astype(np.float32).tolist()
+    vectors[3] = list(range(DIM))
+    vectors[7] = None
+    categories = ["tab\there", 'quote " and \\ backslash', "line\nbreak", "é ü 中文", ""] * 10
+    columns = {"asset_id": [f"e{i}" for i in range(50)], "category": categories, "faces": list(range(-25, 25)),
+               "embedding": vectors}
+    event_ms = [1_700_000_000_123 + 1000 * i for i in range(50)]
+    index = open_index(load_config(repo))
+    table = f"{load_config(repo).project}_asset_shape"
+    dumped = []
+    for bulk in (False, True):
+        assert index.write(view, columns, event_ms, bulk=bulk) == 49
+        with psycopg.connect(postgres_uri) as conn:
+            dumped.append(conn.execute(f'SELECT entity_key, feature_name, value, value_text, vector_value::text, '
+                                       f'event_ts, created_ts FROM "{table}" ORDER BY 1, 2').fetchall())
+        index.drop(table)
+    assert len(dumped[0]) == 49 * 3
+    assert dumped[1] == dumped[0]
 
 
 def test_materialize_fills_the_index_and_feast_reads_it(tmp_path, local_services, postgres_uri):

@@ -4,9 +4,9 @@ Redis keeps every feature value (Feast's Redis layout); PostgreSQL holds the ind
 feature, `{project}_{view}`, made by Feast's own `PostgreSQLOnlineStore` (`vector_enabled`) and written by it (a push)
 or with the same rows by binary COPY (a bulk load), so Feast's `retrieve_online_documents(_v2)` reads what we write:
 a row per (entity key, feature) with Feast's serialized entity key, the value's protobuf, its text (`value_text`,
-what filters compare) and, for a vector feature, `vector_value`. We type `vector_value` with the view's dimension (a write of another dimension is refused) and add
-one HNSW index per vector feature (partial: `WHERE feature_name = ...`). A search asks for keys and distances only;
-the features of the hits come from Redis (`serving.search`).
+what filters compare) and, for a vector feature, `vector_value`. We type `vector_value` with the view's dimension
+(a write of another dimension is refused) and add one HNSW index per vector feature (partial: `WHERE feature_name =
+...`). A search asks for keys and distances only; the features of the hits come from Redis (`serving.search`).
 
 Embedded by default: a private PostgreSQL 16 with pgvector from the `pgserver` wheel, its data and unix socket in
 `<state_dir>/pgvector/` (no TCP port). The first process that needs it starts it; every later one, of any process of

@@ -38,11 +38,16 @@ class InputSchemaError(FeaturectlError, ValueError):
 
 @dataclass(frozen=True)
 class SourceNeeds:
-    """What a job reads of one source: each column with the views reading it, and the join keys among them."""
+    """What a job reads of one source: each column with the views reading it, and the join keys among them with the
+    views keyed by each (a view that only reads a column another view is keyed by still counts its NULLs)."""
 
     source: EventSource
     readers: Mapping[str, tuple[str, ...]]
-    keys: tuple[str, ...] = ()
+    keyed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.keyed)
 
     @classmethod
     def of_views(cls, views: Sequence[FeatureView]) -> list["SourceNeeds"]:
@@ -50,14 +55,15 @@ class SourceNeeds:
         aggregated and attribute columns, filter columns), no other; Flink never reads the rest."""
         readers: dict[str, dict[str, list[str]]] = {}
         sources: dict[str, EventSource] = {}
-        keys: dict[str, dict[str, None]] = {}
+        keyed: dict[str, dict[str, list[str]]] = {}
         for view in views:
             sources[view.source.name] = view.source
             for column in view.columns_read:
                 readers.setdefault(view.source.name, {}).setdefault(column, []).append(view.name)
-            keys.setdefault(view.source.name, {}).update(dict.fromkeys(view.entity.join_keys))
-        return [cls(sources[name], {c: tuple(v) for c, v in columns.items()}, tuple(keys[name]))
-                for name, columns in readers.items()]
+            for key in view.entity.join_keys:
+                keyed.setdefault(view.source.name, {}).setdefault(key, []).append(view.name)
+        return [cls(sources[name], {c: tuple(v) for c, v in columns.items()},
+                    {k: tuple(v) for k, v in keyed[name].items()}) for name, columns in readers.items()]
 
     @classmethod
     def event_time(cls, source: EventSource) -> "SourceNeeds":
@@ -275,7 +281,7 @@ def _warnings(need: SourceNeeds, tally: _Tally) -> list[str]:
                    "by 1,000 or 1,000,000")
     for key in need.keys:
         if counts[f"null:{key}"]:
-            views = ", ".join(f"`{v}`" for v in need.readers[key])
+            views = ", ".join(f"`{v}`" for v in need.keyed[key])
             out.append(f"{where}: {some(f'null:{key}')} have a NULL join key `{key}` (e.g. in "
                        f"{tally.example[f'null:{key}']}): the views keyed by it ({views}) skip them")
     return out

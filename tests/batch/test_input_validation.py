@@ -176,10 +176,13 @@ def test_times_in_seconds_and_null_keys_are_counted(tmp_path, statistics):
                   write_statistics=statistics, row_group_size=250)  # one row group holds both units
     keys = table.column("driver_id").to_pylist()
     keys[::100] = [None] * 10
+    zones = table.column("zone").to_pylist()
+    zones[5::250] = [None] * 4  # `zone_demand` is keyed by it; `driver_earnings` only reads it (and counts them)
     times = table.column("pickup_ms").to_pylist()
     times[:3] = [None] * 3
     nulls = table.set_column(0, "driver_id", pa.array(keys, pa.int64())).set_column(6, "pickup_ms",
                                                                                     pa.array(times, pa.int64()))
+    nulls = nulls.set_column(1, "zone", pa.array(zones, pa.string()))
     second = write(tmp_path, "day-2.parquet", nulls, write_statistics=statistics)
     assert check(tmp_path).warnings == (
         f"source `trips`: 3 of 2,000 events have no event time (`pickup_ms` is NULL, e.g. in {second}): every view "
@@ -188,6 +191,8 @@ def test_times_in_seconds_and_null_keys_are_counted(tmp_path, statistics):
         f"{first}): timestamps look like seconds: multiply by 1000",
         f"source `trips`: 10 of 2,000 events have a NULL join key `driver_id` (e.g. in {second}): the views keyed "
         "by it (`driver_earnings`) skip them",
+        f"source `trips`: 4 of 2,000 events have a NULL join key `zone` (e.g. in {second}): the views keyed by it "
+        "(`zone_demand`) skip them",
     )
 
 

@@ -3,7 +3,10 @@ folder or in shared storage (`common.storage`).
 
 A write replaces one time range [start, end). New files are staged beside the table; the rows of touched dates
 that lie outside the range are carried over into the staged partition; then each touched partition is swapped
-in. So re-running a range replaces it and never duplicates it, and rows outside it survive. In a local folder
+in. So re-running a range replaces it and never duplicates it, and rows outside it survive. A write may also hold
+rows before `start` (a backfill's row at an entity's last change before its range): each goes to its own date's
+partition, replacing a row of the same entity and time there, if any (the same change, as an earlier range or an
+earlier run wrote it). In a local folder
 the swap is two renames, so a reader sees the old or the new partition of a date, never a mix (between the two
 renames, briefly, neither). An object store has no rename of a folder: there the old partition's files are
 deleted and the staged ones moved in one by one, and a reader during the swap may see part of a date.
@@ -66,6 +69,8 @@ class RangeWriter:
         self.staging = self.table.parent.child(f".staging-{self.table.name}-{uuid.uuid4().hex[:12]}")
         self.stats = WriteStats()
         self._parts = 0
+        self._keys = schema.names[:schema.get_field_index(EVENT_TIMESTAMP) + 1]  # join keys and the time
+        self._before: dict[int, list[pa.Table]] = {}  # per date: the keys and times of the rows before the range
 
     def __enter__(self) -> "RangeWriter":
         self.staging.make()
@@ -75,26 +80,39 @@ class RangeWriter:
         self.staging.delete()
 
     def write(self, rows: pa.Table) -> None:
-        """Stage rows (all within the range), one file per date they fall on."""
+        """Stage rows (before `end`), one file per date they fall on."""
         if rows.num_rows == 0:
             return
-        days = pc.divide(rows.column(EVENT_TIMESTAMP).cast(pa.int64()), DAY_MS).to_numpy()
+        ms = rows.column(EVENT_TIMESTAMP).cast(pa.int64())
+        if pc.max(ms).as_py() >= self.end_ms:
+            raise OfflineTableError(f"{self.table}: a row at {pc.max(ms).as_py()} ms is past the range written, "
+                                    f"which ends at {self.end_ms} ms")
+        days = pc.divide(ms, DAY_MS).to_numpy()
         order = np.argsort(days, kind="stable")
         days = days[order]
         rows = rows.take(order)
         cuts = [0, *(np.flatnonzero(np.diff(days)) + 1).tolist(), len(days)]
         for lo, hi in zip(cuts[:-1], cuts[1:]):
-            self._stage(int(days[lo]), rows.slice(lo, hi - lo), f"part-{self._parts:05d}.parquet")
+            day, part = int(days[lo]), rows.slice(lo, hi - lo)
+            self._stage(day, part, f"part-{self._parts:05d}.parquet")
             self.stats.rows += hi - lo
+            if day * DAY_MS < self.start_ms:
+                early = part.filter(pc.less(part.column(EVENT_TIMESTAMP).cast(pa.int64()), self.start_ms))
+                if early.num_rows:
+                    self._before.setdefault(day, []).append(early.select(self._keys))
         self._parts += 1
 
     def commit(self) -> WriteStats:
-        """Carry over rows outside the range from touched dates, then swap each touched partition in."""
-        for day in _days(self.start_ms, self.end_ms):
+        """Carry over rows outside the range from touched dates (less those a row before the range replaces),
+        then swap each touched partition in."""
+        days = sorted({*_days(self.start_ms, self.end_ms), *self._before})
+        for day in days:
             kept = self._rows_outside_range(day)
+            if kept is not None and day in self._before:
+                kept = self._not_replaced(kept, pa.concat_tables(self._before[day]))
             if kept is not None and kept.num_rows:
                 self._stage(day, kept, "part-kept.parquet")
-        for day in _days(self.start_ms, self.end_ms):
+        for day in days:
             current, staged = self.table.child(partition_name(day)), self.staging.child(partition_name(day))
             if self.table.is_local:
                 self._rename_in(Path(current.display), Path(staged.display))
@@ -119,6 +137,12 @@ class RangeWriter:
     def _stage(self, day: int, rows: pa.Table, name: str) -> None:
         self.staging.write_parquet(f"{partition_name(day)}/{name}", storable(rows))
         self.stats.files += 1
+
+    def _not_replaced(self, kept: pa.Table, new: pa.Table) -> pa.Table:
+        """`kept` less its rows of the same join keys and time as a row of `new`."""
+        index = kept.select(self._keys).append_column("__row", pa.array(np.arange(kept.num_rows)))
+        left = index.join(new, keys=self._keys, join_type="left anti").column("__row").to_numpy()
+        return kept.take(np.sort(left))
 
     def _rows_outside_range(self, day: int) -> pa.Table | None:
         if self.start_ms <= day * DAY_MS and (day + 1) * DAY_MS <= self.end_ms:

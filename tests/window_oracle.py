@@ -77,36 +77,48 @@ def values_at(view: FeatureView, events: list[Mapping[str, Any]], boundary_ms: i
     return out
 
 
-def change_boundaries(view: FeatureView, events: list[Mapping[str, Any]], start_ms: int, end_ms: int) -> set[int]:
-    """The boundaries in [start, end) where a tile of the entity enters or leaves a window, and the first boundary
-    of the range when a window is non-empty there."""
+def _all_changes(view: FeatureView, events: list[Mapping[str, Any]]) -> set[int]:
+    """Every boundary where a tile of the entity enters or leaves a window, over its whole history."""
     tile, ts = tile_ms(view), view.source.timestamp_field
     lengths = {0} | {int(w.length.total_seconds() * 1000) for a in view.aggregations for w in a.parsed_windows}
     if view.attributes:
         lengths.add(int(view.ttl.total_seconds() * 1000))
-    tiles = {e[ts] // tile * tile for e in events}
-    out = {s + tile + w for s in tiles for w in lengths}
+    return {e[ts] // tile * tile + tile + w for e in events for w in lengths}
+
+
+def change_boundaries(view: FeatureView, events: list[Mapping[str, Any]], start_ms: int, end_ms: int) -> set[int]:
+    """The boundaries of the entity's rows in a backfill of [start, end): where a tile enters or leaves a window in
+    the range; and, when a window is non-empty at the range's first boundary, the entity's last such boundary at
+    or before it, if that is not older than the ttl at `start`."""
+    tile, ts = tile_ms(view), view.source.timestamp_field
+    changes = _all_changes(view, events)
+    out = {b for b in changes if start_ms <= b < end_ms}
     first = -(-start_ms // tile) * tile
-    if any(first - longest_window_ms(view) <= s < first for s in tiles):
-        out.add(first)
-    return {b for b in out if start_ms <= b < end_ms}
+    if any(first - longest_window_ms(view) <= e[ts] // tile * tile < first for e in events):
+        last = max(b for b in changes if b <= first)
+        if last >= start_ms - int(view.ttl.total_seconds() * 1000):
+            out.add(last)
+    return out
 
 
 def as_of(view: FeatureView, events: list[Mapping[str, Any]], t_ms: int, start_ms: int) -> Optional[dict[str, Any]]:
     """The training-set values at time t of an entity whose offline table was backfilled from `start_ms` on
-    (t below the backfill's end): None when the lookup finds no row, or one older than the ttl.
+    (t at or after the range's first boundary and below its end): None when the lookup finds no row, or one older
+    than the ttl (`t - row > ttl`).
 
-    A non-empty window at b = floor(t / tile) * tile always has a row younger than the window (so than the ttl,
-    for views whose ttl covers their windows); an empty one is NULL unless the row where it emptied is in the
-    table and within the ttl.
+    The row found is the entity's last change at or before b = floor(t / tile) * tile, wherever the range begins,
+    with one exception: an entity whose windows all emptied before the range's first boundary has no row
+    there, nor after it until its next event.
     """
-    tile, ts = tile_ms(view), view.source.timestamp_field
+    tile = tile_ms(view)
     boundary = t_ms // tile * tile
-    past = [e for e in events if e[ts] < boundary]
-    if not past:
+    changes = [b for b in _all_changes(view, events) if b <= boundary]
+    if not changes:
         return None
-    emptied = past[-1][ts] // tile * tile + tile + longest_window_ms(view)
-    ttl = int(view.ttl.total_seconds() * 1000)
-    if emptied <= boundary and (emptied < start_ms or emptied < t_ms - ttl):
+    last = max(changes)
+    first = -(-start_ms // tile) * tile
+    emptied_before = last < first and not any(first - longest_window_ms(view) <= e[view.source.timestamp_field]
+                                              // tile * tile < first for e in events)
+    if emptied_before or last < t_ms - int(view.ttl.total_seconds() * 1000):
         return None
     return values_at(view, events, boundary)

@@ -92,12 +92,19 @@ def test_rows_are_the_change_boundaries_with_the_values_as_of_each(example_repo,
 
 
 def test_a_range_starts_with_a_row_for_every_entity_with_values_then(example_repo, backfilled):
-    """The catalog rows are older than the range: each asset's attributes still have a row at its start, and the
-    assets that change inside the range get a second row there."""
+    """The catalog rows are older than the range: each asset's attributes still have a row, at the catalog row's
+    boundary before the range (not at the range's start, which would restart the ttl there), and the assets that
+    change inside the range get a second row there."""
     table = read_offline(backfilled.target.data_dir, example_repo.view("asset_attributes"))
     stamps = pc.value_counts(table.column(EVENT_TIMESTAMP).cast(pa.int64())).to_pylist()
     changed = CATALOG_CHANGE_MS // HOUR_MS * HOUR_MS + HOUR_MS  # the end of the change's tile
-    assert {s["values"]: s["counts"] for s in stamps} == {T0_MS: 30, changed: 10}
+    entered: dict[int, int] = {}
+    for row in backfilled.events["asset_catalog"]:
+        if row["updated_at"] < T0_MS:
+            boundary = row["updated_at"] // HOUR_MS * HOUR_MS + HOUR_MS
+            entered[boundary] = entered.get(boundary, 0) + 1
+    assert sum(entered.values()) == 30 and max(entered) < T0_MS
+    assert {s["values"]: s["counts"] for s in stamps} == {**entered, changed: 10}
 
 
 def test_summary_and_record_of_the_backfill(example_repo, backfilled):
@@ -117,15 +124,18 @@ def test_summary_and_record_of_the_backfill(example_repo, backfilled):
 
 
 def test_every_backfill_checks_and_profiles_what_it_wrote(example_repo, backfilled):
-    """The compiled path runs the expectations of the example repo over each view's rows and records them with
-    the rows' profiles; the fixed history passes them all."""
+    """The compiled path runs the expectations of the example repo over each view's rows of the range (not the
+    rows before it, each entity's last change there) and records them with the rows' profiles; the fixed history
+    passes them all."""
     target, summary = backfilled.target, backfilled.summary
     quality_log = QualityLog(target.registry_url)
     try:
         for result in summary.views:
             view = example_repo.view(result.view)
             record = result.quality
-            assert record.rows == result.rows and record.passed
+            stamps = read_offline(target.data_dir, view).column(EVENT_TIMESTAMP).cast(pa.int64())
+            in_range = pc.sum(pc.and_(pc.greater_equal(stamps, T0_MS), pc.less(stamps, T1_MS))).as_py() or 0
+            assert record.rows == in_range and record.passed
             assert [c.expectation for c in record.checks] == [e.label for e in view.expectations]
             assert set(record.profiles) <= set(view.feature_names) and record.profiles
             assert quality_log.holding("assets", view.name, utc(T0_MS), utc(T1_MS)) == [
@@ -134,6 +144,8 @@ def test_every_backfill_checks_and_profiles_what_it_wrote(example_repo, backfill
         quality_log.close()
     checks = {c.expectation: c for r in summary.views for c in r.quality.checks}
     table = read_offline(target.data_dir, example_repo.view("asset_activity"))
+    stamps = table.column(EVENT_TIMESTAMP).cast(pa.int64())
+    table = table.filter(pc.and_(pc.greater_equal(stamps, T0_MS), pc.less(stamps, T1_MS)))
     views = [v for v in table.column("views_24h").to_pylist() if v is not None]
     assert checks["InRange(views_24h, min=0)"].observed == (f"0 of {len(views):,} values outside [0, inf]; "
                                                            f"observed min {min(views):g}, max {max(views):g}")
@@ -142,7 +154,8 @@ def test_every_backfill_checks_and_profiles_what_it_wrote(example_repo, backfill
 
 def test_rerunning_a_range_replaces_it_and_keeps_the_rest(example_repo, backfilled, backfill_env, tmp_path):
     """Re-run [T0 + 3 h, T0 + 5 h), which crosses midnight, after two hours of events were deleted: rows in the
-    range follow the new history, rows outside it are untouched, nothing is duplicated."""
+    range, and each entity's row at its last change before the range, follow the new history; the other rows
+    outside it are untouched; nothing is duplicated."""
     target, events = backfilled.target, backfilled.events
     view = example_repo.view("asset_activity")
     shutil.copytree(target.data_dir, tmp_path / "data")
@@ -159,13 +172,24 @@ def test_rerunning_a_range_replaces_it_and_keeps_the_rest(example_repo, backfill
         backfill([view], utc(start), utc(end), target, env=backfill_env)
     after = read_offline(target.data_dir, view)
 
-    stamps = after.column(EVENT_TIMESTAMP).cast(pa.int64())
-    inside = pc.and_(pc.greater_equal(stamps, start), pc.less(stamps, end))
-    old_stamps = before.column(EVENT_TIMESTAMP).cast(pa.int64())
-    old_inside = pc.and_(pc.greater_equal(old_stamps, start), pc.less(old_stamps, end))
-    assert after.filter(pc.invert(inside)).equals(before.filter(pc.invert(old_inside)))
-    assert_rows_match_oracle(view, after.filter(inside), kept, start, end)
-    assert after.filter(inside).num_rows != before.filter(old_inside).num_rows
+    keys = list(view.entity.join_keys)
+    last_before = {(*key, b) for key, rows in oracle.by_entity(view, kept).items()
+                   for b in oracle.change_boundaries(view, rows, start, end) if b < start}
+    assert last_before
+
+    def split(table: pa.Table) -> tuple[list[dict], list[dict]]:
+        """The rows the re-run writes (in the range, or an entity's last change before it), and the others."""
+        written, others = [], []
+        for row in table.to_pylist():
+            ms = int(row[EVENT_TIMESTAMP].timestamp() * 1000)
+            at = (*(row[k] for k in keys), ms)
+            (written if start <= ms < end or at in last_before else others).append(row)
+        return written, others
+
+    (written, others), (old_written, old_others) = split(after), split(before)
+    assert sorted(others, key=str) == sorted(old_others, key=str)
+    assert_rows_match_oracle(view, pa.Table.from_pylist(written, schema=after.schema), kept, start, end)
+    assert len(written) != len(old_written)
     backfill_log = BackfillLog(target.registry_url)
     assert [(r.start, r.end) for r in backfill_log.records("assets", view.name)] == [(utc(start), utc(end))]
     backfill_log.close()

@@ -39,6 +39,10 @@ every_op = FeatureView("every_op", thing, events, tile="1m", ttl="1h", features=
     Aggregation("approx_distinct", "size", windows=["10m"]),
 ])
 latest = FeatureView("latest", thing, events, tile="1m", ttl="7m", features=[Attribute("label"), Attribute("size")])
+short_ttl = FeatureView("short_ttl", thing, events, tile="1m", ttl="150s", features=[  # a ttl under its windows
+    Aggregation("count", windows=["10m"]),
+    Aggregation("sum", "amount", windows=["3m"]),
+])
 
 _ARROW = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "STRING": pa.string(), "BYTES": pa.binary()}
 
@@ -81,7 +85,7 @@ def _close(want, got) -> bool:
     return want == got
 
 
-@pytest.mark.parametrize("view", [every_op, latest], ids=lambda v: v.name)
+@pytest.mark.parametrize("view", [every_op, latest, short_ttl], ids=lambda v: v.name)
 @pytest.mark.parametrize("seed, chunk_tiles", [(1, 1_000_000), (2, 7)])
 def test_rows_equal_the_raw_event_oracle(view, seed, chunk_tiles):
     rows = random_events(seed)
@@ -109,10 +113,53 @@ def test_an_entity_whose_only_tile_is_the_oldest_in_the_longest_window_gets_a_fi
     table = pa.concat_tables(t for t, _ in offline_rows(compiled, tile_table(every_op, rows), T0_MS,
                                                         T0_MS + 5 * MINUTE_MS))
     assert table.select(["kind", "count_10m", "label_min_10m"]).to_pylist() == [
-        {"kind": "a", "count_10m": 1, "label_min_10m": "x"},   # the row at T0: its tile is still in the window
+        {"kind": "a", "count_10m": 1, "label_min_10m": "x"},   # the row of its last change: still in the window
         {"kind": "a", "count_10m": 0, "label_min_10m": None},  # and the row where it leaves
         {"kind": "b", "count_10m": 0, "label_min_10m": None},  # its tile leaves the window at T0
     ]
+    assert [int(t.timestamp() * 1000) for t in table.column(EVENT_TIMESTAMP).to_pylist()] == [
+        T0_MS - 6 * MINUTE_MS, T0_MS + MINUTE_MS, T0_MS]  # a's last change before T0: its tile left the 3m windows
+
+
+@pytest.mark.parametrize("view", [every_op, latest, short_ttl], ids=lambda v: v.name)
+def test_a_lookup_ages_from_the_last_change_wherever_the_backfill_starts(tmp_path, view):
+    """Training lookups in [T0, end) from a table backfilled from T0 and from one backfilled from 25 minutes
+    earlier: the same values, those of the raw-event oracle; an entity whose last change before T0 is about to
+    pass the ttl is NULL from then on in both (its row must not restart the ttl at the range's start)."""
+    from batch.offline_table import RangeWriter
+    from batch.training import as_of
+    from batch.windows import offline_schema
+    from dsl.compile_feast import offline_table_location
+
+    rows = random_events(5)
+    quiet = {"kind": "q", "number": 0, "label": "z", "amount": 2.0, "size": 1, "at": T0_MS - 6 * MINUTE_MS}
+    rows.append(quiet)
+    compiled = tile_oracle.compiled_for(view, Path("/nowhere"))
+    end = T0_MS + 40 * MINUTE_MS
+    for start in (T0_MS, T0_MS - 25 * MINUTE_MS):
+        with RangeWriter(offline_table_location(tmp_path / str(start), view), offline_schema(compiled), start,
+                         end) as writer:
+            for table, _ in offline_rows(compiled, tile_table(view, rows), start, end):
+                writer.write(table)
+            writer.commit()
+    per_entity = window_oracle.by_entity(view, rows)
+    keys = sorted(per_entity) + [("none", 9)]
+    times = np.array([T0_MS + m * MINUTE_MS // 4 + d for m in range(0, 160, 3) for d in (0, 1, -1)])[::-1]
+    times = times[times >= T0_MS]
+    entities = pa.table({"kind": [k for k, _ in keys for _ in times], "number": [n for _, n in keys for _ in times]})
+    every = np.tile(times, len(keys))
+    got = [as_of(view, view.feature_names, entities, every, tmp_path / str(start)) for start in (T0_MS,
+                                                                                             T0_MS - 25 * MINUTE_MS)]
+    assert {n: c.to_pylist() for n, c in got[0].items()} == {n: c.to_pylist() for n, c in got[1].items()}
+    for i, (key, t) in enumerate(zip([k for k in keys for _ in times], every)):
+        want = window_oracle.as_of(view, per_entity.get(key, []), int(t), T0_MS) or dict.fromkeys(view.feature_names)
+        found = {name: got[0][name][i].as_py() for name in view.feature_names}
+        assert all(_close(want[n], found[n]) for n in want), (key, int(t), want, found)
+    if view is short_ttl:  # q's last change before T0 is its tile leaving the 3m window (T0 - 2m), its next one
+        # the 10m window (T0 + 5m): NULL from T0 + 30 s (the ttl) to then, not served until T0 + 150 s
+        quiet_at = [i for i, key in enumerate(k for k in keys for _ in times) if key == ("q", 0)
+                    and T0_MS + 30_000 < every[i] < T0_MS + 5 * MINUTE_MS]
+        assert quiet_at and all(got[0]["count_10m"][i].as_py() is None for i in quiet_at)
 
 
 def test_window_estimates_equal_estimating_the_merged_sketches():

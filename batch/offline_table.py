@@ -1,15 +1,15 @@
 """A view's offline feature table: Parquet partitioned by UTC date, `date=YYYY-MM-DD/part-*.parquet`, in a local
 folder or in shared storage (`common.storage`).
 
-A write replaces one time range [start, end). New files are staged beside the table; the rows of touched dates
-that lie outside the range are carried over into the staged partition; then each touched partition is swapped
-in. So re-running a range replaces it and never duplicates it, and rows outside it survive. A write may also hold
-rows before `start` (a backfill's row at an entity's last change before its range): each goes to its own date's
+A write replaces one time range [start, end). New files are staged beside the table; the rows of touched dates that
+lie outside the range are carried over into the staged partition; then each touched partition is swapped in. So
+re-running a range replaces it and never duplicates it, and rows outside it survive. A write may also hold rows
+before `start` (a backfill's row at an entity's last change before its range): each goes to its own date's
 partition, replacing a row of the same entity and time there, if any (the same change, as an earlier range or an
-earlier run wrote it). In a local folder
-the swap is two renames, so a reader sees the old or the new partition of a date, never a mix (between the two
-renames, briefly, neither). An object store has no rename of a folder: there the old partition's files are
-deleted and the staged ones moved in one by one, and a reader during the swap may see part of a date.
+earlier run wrote it). In a local folder the swap is two renames, so a reader sees the old or the new partition of a
+date, never a mix (between the two renames, briefly, neither). An object store has no rename of a folder: there the
+old partition's files are deleted and the staged ones moved in one by one, and a reader during the swap may see part
+of a date.
 Staged and retired folders start with a dot, which Arrow's dataset discovery (and so Feast's and ours) skips.
 A vector feature (Arrow's fixed-size list) is stored as a variable-size list with NULLs of length 0: Parquet has
 no fixed-size list anyway, and pyarrow 16 cannot write a NULL one (as a vector is once it outlives the ttl).

@@ -3,10 +3,10 @@
 Semantics are those of `dsl.aggregates`: the value of window W at boundary b covers the tiles starting in
 [b - W, b - tile]. For each entity there is a row at every boundary b in [start, end) where a tile enters a
 window (b = tile_start + tile) or leaves one (b = tile_start + tile + W), holding all the view's values as of b;
-plus, for every entity with a non-empty window at the range's first boundary, a row at its last such boundary
-at or before it (often before `start`), when that is within the ttl: so a range stands alone (an as-of lookup
-after `start` never needs an earlier range) and its lookups age from the entity's real last change, exactly as
-with the range backfilled from further back. Between two rows nothing changes.
+plus, for every entity, a row at its last such boundary at or before the range's first boundary (usually before
+`start`), when that is within the ttl at `start`: so a range stands alone (an as-of lookup after its first
+boundary never needs an earlier range) and its lookups age from the entity's real last change, exactly as with
+the range backfilled from further back. Between two rows nothing changes.
 Attributes are `last` over a window of the view's ttl: the latest value, gone once older than the ttl.
 
 Everything is vectorized per chunk of entities: tiles sorted by (entity, tile), one int64 key per tile
@@ -44,10 +44,9 @@ def offline_schema(compiled: CompiledView) -> pa.Schema:
 class TileGrid:
     """Tile indexes of one backfill: index 0 is `origin_ms`; boundaries `first <= index < stop` are in range.
 
-    The origin lies one tile and two longest windows before `start_ms` (the longest window and the ttl when the
-    ttl is shorter): far enough back to find each entity's last change at or before the first boundary (a tile
-    entering a window, or an older tile leaving one) whenever that change lies within the ttl, so every event
-    before it can be skipped.
+    The origin lies one tile, the longest window and the ttl before `start_ms`: far enough back to find each
+    entity's last change at or before the first boundary (a tile entering a window, or an older tile leaving one)
+    whenever that change lies within the ttl, so every event before it can be skipped.
     """
 
     tile_ms: int
@@ -60,7 +59,7 @@ class TileGrid:
     @classmethod
     def of(cls, compiled: CompiledView, start_ms: int, end_ms: int) -> "TileGrid":
         tile, longest = compiled.tile_ms, compiled.longest_tiles
-        lookback = longest + min(longest, -(-compiled.ttl_ms // tile))
+        lookback = longest + -(-compiled.ttl_ms // tile)
         origin = start_ms // tile * tile - (lookback + 1) * tile
         return cls(tile, origin, -((origin - start_ms) // tile), -((origin - end_ms) // tile), longest,
                    start_ms - compiled.ttl_ms)
@@ -163,11 +162,10 @@ class _RowBuilder:
 
     def _boundaries(self, codes: np.ndarray, tile_index: np.ndarray) -> np.ndarray:
         """Sorted unique `code * span + index` of every boundary in range where a tile enters or leaves one of the
-        entity's windows; and for each entity with a non-empty window at the first boundary, its last such
-        boundary at or before it, unless that is older than the ttl at `start` (then every lookup from the range
-        on is NULL anyway). That row holds the values of the first boundary (nothing changed in between) and its
-        time, so a lookup in the range ages from the entity's real change, as it would with the range backfilled
-        from further back."""
+        entity's windows; and for each entity its last such boundary at or before the first one, unless that is
+        older than the ttl at `start` (then every lookup from the range on is NULL anyway). That row holds the
+        values of the first boundary (nothing changed in between) and its time, so a lookup in the range ages from
+        the entity's real change, as it would with the range backfilled from further back."""
         grid = self.grid
         entered = codes * grid.span + tile_index + 1
         lengths = sorted({0, *(f.tiles for f in self.features)})
@@ -176,8 +174,6 @@ class _RowBuilder:
         before = candidates[index <= grid.first]
         last = before[np.append(np.flatnonzero(np.diff(before // grid.span)), len(before) - 1)] if len(before) \
             else before
-        live = np.unique(codes[(tile_index >= grid.first - grid.max_window) & (tile_index < grid.first)])
-        last = last[np.isin(last // grid.span, live)]
         fresh = grid.origin_ms + last % grid.span * grid.tile_ms >= grid.oldest_ms
         return np.union1d(candidates[(index >= grid.first) & (index < grid.stop)], last[fresh])
 

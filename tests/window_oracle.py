@@ -88,37 +88,26 @@ def _all_changes(view: FeatureView, events: list[Mapping[str, Any]]) -> set[int]
 
 def change_boundaries(view: FeatureView, events: list[Mapping[str, Any]], start_ms: int, end_ms: int) -> set[int]:
     """The boundaries of the entity's rows in a backfill of [start, end): where a tile enters or leaves a window in
-    the range; and, when a window is non-empty at the range's first boundary, the entity's last such boundary at
-    or before it, if that is not older than the ttl at `start`."""
-    tile, ts = tile_ms(view), view.source.timestamp_field
+    the range; and the entity's last such boundary at or before the range's first boundary, if that is not older
+    than the ttl at `start`."""
+    tile = tile_ms(view)
     changes = _all_changes(view, events)
     out = {b for b in changes if start_ms <= b < end_ms}
     first = -(-start_ms // tile) * tile
-    if any(first - longest_window_ms(view) <= e[ts] // tile * tile < first for e in events):
-        last = max(b for b in changes if b <= first)
-        if last >= start_ms - int(view.ttl.total_seconds() * 1000):
-            out.add(last)
+    before = [b for b in changes if b <= first]
+    if before and max(before) >= start_ms - int(view.ttl.total_seconds() * 1000):
+        out.add(max(before))
     return out
 
 
 def as_of(view: FeatureView, events: list[Mapping[str, Any]], t_ms: int, start_ms: int) -> Optional[dict[str, Any]]:
     """The training-set values at time t of an entity whose offline table was backfilled from `start_ms` on
     (t at or after the range's first boundary and below its end): None when the lookup finds no row, or one older
-    than the ttl (`t - row > ttl`).
-
-    The row found is the entity's last change at or before b = floor(t / tile) * tile, wherever the range begins,
-    with one exception: an entity whose windows all emptied before the range's first boundary has no row
-    there, nor after it until its next event.
-    """
+    than the ttl (`t - row > ttl`). The row found is the entity's last change at or before b = floor(t / tile) *
+    tile, wherever the range begins (`start_ms` does not matter)."""
     tile = tile_ms(view)
     boundary = t_ms // tile * tile
     changes = [b for b in _all_changes(view, events) if b <= boundary]
-    if not changes:
-        return None
-    last = max(changes)
-    first = -(-start_ms // tile) * tile
-    emptied_before = last < first and not any(first - longest_window_ms(view) <= e[view.source.timestamp_field]
-                                              // tile * tile < first for e in events)
-    if emptied_before or last < t_ms - int(view.ttl.total_seconds() * 1000):
+    if not changes or max(changes) < t_ms - int(view.ttl.total_seconds() * 1000):
         return None
     return values_at(view, events, boundary)

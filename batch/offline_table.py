@@ -90,16 +90,15 @@ class RangeWriter:
         days = pc.divide(ms, DAY_MS).to_numpy()
         order = np.argsort(days, kind="stable")
         days = days[order]
+        early = ms.to_numpy()[order] < self.start_ms
         rows = rows.take(order)
         cuts = [0, *(np.flatnonzero(np.diff(days)) + 1).tolist(), len(days)]
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             day, part = int(days[lo]), rows.slice(lo, hi - lo)
             self._stage(day, part, f"part-{self._parts:05d}.parquet")
             self.stats.rows += hi - lo
-            if day * DAY_MS < self.start_ms:
-                early = part.filter(pc.less(part.column(EVENT_TIMESTAMP).cast(pa.int64()), self.start_ms))
-                if early.num_rows:
-                    self._before.setdefault(day, []).append(early.select(self._keys))
+            if early[lo:hi].any():
+                self._before.setdefault(day, []).append(part.filter(pa.array(early[lo:hi])).select(self._keys))
         self._parts += 1
 
     def commit(self) -> WriteStats:

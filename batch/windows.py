@@ -172,8 +172,7 @@ class _RowBuilder:
         candidates = np.unique(np.concatenate([entered + w for w in lengths]))
         index = candidates % grid.span
         before = candidates[index <= grid.first]
-        last = before[np.append(np.flatnonzero(np.diff(before // grid.span)), len(before) - 1)] if len(before) \
-            else before
+        last = before[np.flatnonzero(np.diff(before // grid.span, append=-1))]  # each entity's last one
         fresh = grid.origin_ms + last % grid.span * grid.tile_ms >= grid.oldest_ms
         return np.union1d(candidates[(index >= grid.first) & (index < grid.stop)], last[fresh])
 

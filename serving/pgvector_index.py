@@ -92,6 +92,7 @@ class PgVectorIndex(VectorEngine):
         self._conninfo: Optional[str] = None
         self._made: set[str] = set()
         self._indexed: set[str] = set()
+        self._value_num: dict[str, bool] = {}  # per table: whether it has Feast's optional `value_num` column
         self._write_configs: dict[Vector, Any] = {}
 
     @property
@@ -173,11 +174,11 @@ class PgVectorIndex(VectorEngine):
     def write(self, view: FeatureView, columns: Mapping[str, Sequence[Any]], event_ms: Sequence[int],
               bulk: bool = False) -> int:
         """Write rows of `view` (join keys and every feature, one list per column; `event_ms` per row) in Feast's
-        PostgreSQL layout, by its store (or by `_load` when `bulk`): a row per entity and feature, the last row of
-        an entity winning. An entity whose
-        last row has no vector leaves the index (its value in Redis is null now: a hit would find a vector the store
-        no longer serves). Returns the entities written. `bulk` (a load): the HNSW index is left to `seal`, which
-        builds it once over every row (pgvector's advice for a load: faster than growing it row by row)."""
+        PostgreSQL layout, by its store (or by `_load` when `bulk`): a row per entity and feature, the last
+        row of an entity winning. An entity whose last row has no vector leaves the index (its value in
+        Redis is null now: a hit would find a vector the store no longer serves). Returns the entities
+        written. `bulk` (a load): the HNSW index is left to `seal`, which builds it once over every row
+        (pgvector's advice for a load: faster than growing it row by row)."""
         import datetime as dt
 
         import psycopg
@@ -262,10 +263,13 @@ class PgVectorIndex(VectorEngine):
                          f"ON CONFLICT (entity_key, feature_name) DO UPDATE SET {updates}")
 
     def _has_value_num(self, table: str) -> bool:
-        """Whether the table has Feast's optional `value_num` column (made with `enable_openai_compatible_store`)."""
-        return self.connection().execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s "
-            "AND column_name = 'value_num'", (table,)).fetchone() is not None
+        """Whether the table has Feast's optional `value_num` column (made with `enable_openai_compatible_store`),
+        asked once per table: a materialization loads batch after batch."""
+        if table not in self._value_num:
+            self._value_num[table] = self.connection().execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s "
+                "AND column_name = 'value_num'", (table,)).fetchone() is not None
+        return self._value_num[table]
 
     def _delete(self, view: FeatureView, table: str, keys: Sequence[tuple]) -> None:
         """Remove entities (join key values in sorted key order) from the view's table."""
@@ -330,6 +334,7 @@ class PgVectorIndex(VectorEngine):
         self.connection().execute(f"DROP TABLE IF EXISTS {_identifier(collection)}")
         self._made.discard(collection)
         self._indexed.discard(collection)
+        self._value_num.pop(collection, None)
 
 
 def _identifier(name: str) -> str:

@@ -173,7 +173,7 @@ def _check_literal_fits(col_type: ValueType | None, lit: Expr, where: str, col: 
                                                                                           col_type.python_types):
         raise TypeMismatchError(where, f"filter compares {col_type.value} column {col!r} with "
                                 f"{type(lit.value).__name__} {lit.value!r}",
-                                f"compare it with a {col_type.value} value")
+                                f"compare it with a value of type {col_type.value}")
 
 
 class Compare(Expr):

@@ -73,7 +73,11 @@ class FeatureView:
                 if feature_name in RESERVED_COLUMNS:
                     raise DefinitionError(where, f"feature name `{feature_name}` is reserved for the offline table",
                                           "give the feature another name=\"...\"")
-                if feature_name in names or feature_name in self.entity.join_keys:
+                if feature_name in self.entity.join_keys:
+                    raise DuplicateNameError(where, f"feature name `{feature_name}` is a join key of entity "
+                                             f"`{self.entity.name}` (the offline table and Feast keep both in one "
+                                             "row)", "give the feature another name=\"...\"")
+                if feature_name in names:
                     raise DuplicateNameError(where, f"feature name `{feature_name}` is used twice",
                                              "give one of the aggregations another name=\"...\"")
                 names[feature_name] = feature_name
@@ -138,11 +142,11 @@ class FeatureView:
     def _check_window(self, window: Window, where: str) -> None:
         tile = self.tile
         if window.length < tile:
-            raise WindowError(where, f"window `{window.label}` is shorter than the view's tile ({tile})",
-                              "use a longer window or a smaller tile=\"...\" on the view")
+            raise WindowError(where, f"window `{window.label}` is shorter than the view's tile "
+                              f"({format_duration(tile)})", "use a longer window or a smaller tile=\"...\" on the view")
         if window.length % tile:
-            raise WindowError(where, f"window `{window.label}` is not a whole number of tiles ({tile})",
-                              "pick a tile that divides every window, e.g. tile=\"1m\"")
+            raise WindowError(where, f"window `{window.label}` is not a whole number of tiles "
+                              f"({format_duration(tile)})", "pick a tile that divides every window, e.g. tile=\"1m\"")
 
     @property
     def aggregations(self) -> list[Aggregation]:

@@ -72,12 +72,12 @@ def test_join_key_missing_from_source():
 
 
 def test_window_smaller_than_tile():
-    with pytest.raises(WindowError, match=r"window `10m` is shorter than the view's tile.*smaller tile"):
+    with pytest.raises(WindowError, match=r"window `10m` is shorter than the view's tile \(1h\).*smaller tile"):
         view(Aggregation("count", windows=["10m"]), tile="1h")
 
 
 def test_window_not_a_multiple_of_tile():
-    with pytest.raises(WindowError, match=r"window `90m` is not a whole number of tiles"):
+    with pytest.raises(WindowError, match=r"window `90m` is not a whole number of tiles \(1h\)"):
         view(Aggregation("count", windows=["90m"]), tile="1h")
 
 
@@ -100,6 +100,12 @@ def test_duplicate_feature_names_in_view():
     with pytest.raises(DuplicateNameError, match=r"feature name `views_1h` is used twice"):
         view(Aggregation("count", windows=["1h"], name="views"),
              Aggregation("count", windows=["1h"], filter=col("event_type") == "view", name="views"))
+
+
+def test_a_feature_named_like_a_join_key_says_so():
+    with pytest.raises(DuplicateNameError, match=r"feature name `asset_id` is a join key of entity `asset`.*another "
+                                                  r"name"):
+        view(Attribute("asset_id"))
 
 
 def test_duplicate_windows():

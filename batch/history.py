@@ -3,7 +3,8 @@
 The cutover of a source is one past the greatest event time in its Parquet history (capped at now): the history
 is taken as complete up to its last event, and everything from there on comes from Kafka. The tiles before the
 cutover are what a backfill computes: the same compiled tile queries, run here in one Flink batch job over the
-events in [cutover - longest window - tile, cutover), so a stream's windows start where the history left them.
+events in [cutover - longest window - ttl - tile, cutover), so a stream's windows start where the history left
+them and each entity's last change (a tile leaving a window, up to a ttl back) is known.
 `featurectl stream` hands an object of this class to the stream runner, which decides when a stream needs it
 (first start, or after its state is gone).
 """
@@ -63,14 +64,15 @@ class ParquetHistory:
 
     def export(self, views: Sequence[tuple[FeatureView, CompiledView]], cutovers: Mapping[str, int],
                folder: Storage) -> dict[str, Storage]:
-        """Each view's tiles of the events before its source's cutover (enough for its longest window), as
-        Parquet files under `folder/<view>/`; views whose source has no cutover get none."""
+        """Each view's tiles of the events before its source's cutover (enough for its longest window and for when
+        an entity last changed within the ttl), as Parquet files under `folder/<view>/`; views whose source has no
+        cutover get none."""
         jobs = []
         for view, compiled in views:
             cutover = cutovers.get(compiled.source)
             if cutover is None:
                 continue
-            first = cutover // compiled.tile_ms * compiled.tile_ms - compiled.longest_ms
+            first = cutover // compiled.tile_ms * compiled.tile_ms - compiled.longest_ms - compiled.ttl_ms
             jobs.append(TileJob(view, compiled, first, cutover))
         if not jobs:
             return {}

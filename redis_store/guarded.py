@@ -65,19 +65,24 @@ SHA = hashlib.sha1(GUARDED_HSET.encode()).hexdigest()
 LOAD = hiredis.pack_command(("SCRIPT", "LOAD", GUARDED_HSET))
 
 
-def commands(keys: Sequence[bytes], ts_ms: int, ts_field: bytes, fields: Sequence[bytes],
+def commands(keys: Sequence[bytes], ts_ms: int | Sequence[int], ts_field: bytes, fields: Sequence[bytes],
              values: Sequence[Sequence[bytes]], key_ttl_s: int = 0, *, inline: bool = False) -> list[bytes]:
-    """Packed EVALSHA commands writing, for each key, its values (one serialized value per field) as of `ts_ms`;
-    keys get `key_ttl_s` as their expiry when it is set. `inline`: EVAL with the script's text, for a connection
-    that never loaded it (the SDK's and the feature server's, which otherwise only read)."""
-    ts_bytes = layout.encode_timestamp(ts_ms)
+    """Packed EVALSHA commands writing, for each key, its values (one serialized value per field) as of `ts_ms`
+    (one for all keys, or one per key); keys get `key_ttl_s` as their expiry when it is set. `inline`: EVAL with
+    the script's text, for a connection that never loaded it (the SDK's and the feature server's, which otherwise
+    only read)."""
+    if not isinstance(ts_ms, (list, tuple)):
+        stamps = [(ts_ms, layout.encode_timestamp(ts_ms))] * len(keys)
+    else:
+        encoded = {ms: layout.encode_timestamp(ms) for ms in set(ts_ms)}
+        stamps = [(ms, encoded[ms]) for ms in ts_ms]
     pairs = len(fields) + 1
     script = ("EVAL", GUARDED_HSET) if inline else ("EVALSHA", SHA)
     out = []
     for lo in range(0, len(keys), BLOCK):
         block = keys[lo:lo + BLOCK]
-        args = chain.from_iterable((ts_ms, ts_field, ts_bytes, *chain.from_iterable(zip(fields, row)))
-                                   for row in values[lo:lo + BLOCK])
+        args = chain.from_iterable((ms, ts_field, ts_bytes, *chain.from_iterable(zip(fields, row)))
+                                   for (ms, ts_bytes), row in zip(stamps[lo:lo + BLOCK], values[lo:lo + BLOCK]))
         out.append(hiredis.pack_command((*script, len(block), *block, pairs, key_ttl_s, *args)))
     return out
 

@@ -74,9 +74,12 @@ class RedisSink:
             self._views[name] = (encoder, positions, layout.ts_field(name), fields, kinds)
         return self._views[name]
 
-    def commands(self, view_layout: ViewLayout, rows: Sequence[tuple[tuple, list[Any]]], ts_ms: int) -> GuardedWrites:
-        """Packed guarded writes of `rows` (entity key, values in the layout's feature order)."""
+    def commands(self, view_layout: ViewLayout, rows: Sequence[tuple[tuple, list[Any]]],
+                 ts_ms: int | Sequence[int]) -> GuardedWrites:
+        """Packed guarded writes of `rows` (entity key, values in the layout's feature order) as of `ts_ms`, one
+        for all rows or one per row."""
         encoder, positions, ts_field, fields, kinds = self._view(view_layout)
+        ts_ms = list(ts_ms) if isinstance(ts_ms, (list, tuple)) else [ts_ms] * len(rows)
         columns = zip(*(values for _, values in rows))
         encoded = list(zip(*(_encode(list(c), k) for c, k in zip(columns, kinds))))
         keys = [encoder.key([key[p] for p in positions]) for key, _ in rows]
@@ -91,8 +94,8 @@ class RedisSink:
         for slot, group in by_slot.items():
             for lo in range(0, len(group), guarded.BLOCK):
                 block = group[lo:lo + guarded.BLOCK]
-                out.commands.extend(guarded.commands([keys[i] for i in block], ts_ms, ts_field, fields,
-                                                     [encoded[i] for i in block], self.key_ttl_s))
+                out.commands.extend(guarded.commands([keys[i] for i in block], [ts_ms[i] for i in block], ts_field,
+                                                     fields, [encoded[i] for i in block], self.key_ttl_s))
                 out.slots.append(slot)
                 out.positions.append(block)
         return out

@@ -69,15 +69,16 @@ class Target:
 
 
 def start_ms(target: Target, views: Sequence[FeatureView], generation: Generation) -> int:
-    """Where a new generation's job starts reading its topics (by record timestamp): far enough back to fill every
-    window, or for a source with history, to its cutover less the hour an event time may lead its record's
-    timestamp (no event before that can count), whichever is later; the earliest over the job's sources."""
+    """Where a new generation's job starts reading its topics (by record timestamp): the hour an event time may
+    lead its record's timestamp before the earliest event that can count, which is the later of one lookback
+    before the start (every window filled) and, for a source with history, its cutover; the earliest over the
+    job's sources."""
     starts = []
     for view in views:
         compiled = compile_view(view, target.source_settings)
         start = generation.started_ms - compiled.lookback_ms
         cutover = generation.cutovers.get(view.source.name)
-        starts.append(start if cutover is None else max(start, cutover - MAX_AHEAD_MS))
+        starts.append((start if cutover is None else max(start, cutover)) - MAX_AHEAD_MS)
     return max(min(starts), 0)
 
 

@@ -21,9 +21,10 @@ HOUR_MS = 3_600_000
 
 def tiles_retention_ms(plan: JobPlan, topic: str) -> int:
     """A tile stays useful while it is in some window: the longest window (or ttl), the tile and its lateness,
+    and for a ttl after that, since when it left a window dates its entity's last change (`_ts`) on a restart;
     plus an hour of slack. Compaction keeps the latest version of each (entity, tile) meanwhile."""
     compiled = next(v.compiled for v in plan.views if v.tiles_topic == topic)
-    return compiled.lookback_ms + HOUR_MS
+    return compiled.lookback_ms + compiled.ttl_ms + HOUR_MS
 
 
 class TopicLayoutError(FeaturectlError, ValueError):

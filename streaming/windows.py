@@ -11,6 +11,15 @@ min/max/last/HLL only grow while the window's tiles do (a tile update always car
 replaces, see `apply`) and are rebuilt from the remaining tiles when a tile leaves. Float sums are re-added with
 `math.fsum` (exact, in any order). Final values come from `dsl.aggregates.finalize`, as in every other runtime.
 
+Each entity is written with the boundary of its last change as `_ts` (`_Entity.changed`): the boundary at which a
+tile of it entered its windows (the tile's end) or left one, whichever is later by the clock, which is where the
+backfill puts the entity's latest row. It is the greatest such boundary over every tile seen, so it does not
+depend on the order tile updates come in: a restart, which reads the history tiles and the tile topics again,
+writes each entity with the `_ts` the running stream gave it, and a start from history ages an entity from its
+last change, as a training row does. (An entity forgotten once its tiles left every window and seen again may get a
+change before the `_ts` it was last written with: Redis refuses that write, and the writer sends it again at the
+`_ts` Redis holds, which is then still the entity's last change.)
+
 A stream with history starts from the batch side's tiles of the same compiled query (`load_history`): the tiles
 before its source's cutover. The tile holding the cutover, when it does not start there, has events on both
 sides: its batch part (events before the cutover) is kept as a base that the stream's updates of that tile are
@@ -97,11 +106,12 @@ class ViewLayout:
 
 
 class _Entity:
-    __slots__ = ("tiles", "acc")
+    __slots__ = ("tiles", "acc", "changed")
 
     def __init__(self, layout: ViewLayout):
         self.tiles: dict[int, tuple] = {}  # tile index (start // tile) -> tile column values
         self.acc: list[list[Any]] = [_empty_accumulators(layout, k) for k in range(len(layout.lengths))]
+        self.changed = 0  # ms: the boundary of its last change, the `_ts` it is written with (module docstring)
 
 
 def _empty_accumulators(layout: ViewLayout, slot: int) -> list[Any]:
@@ -124,13 +134,16 @@ class WindowState:
         self.dirty: set[tuple] = set()
         self.bases: dict[tuple[tuple, int], tuple] = {}  # (entity, tile) -> batch part of the cutover's tile
         self.refused: list[tuple[int, tuple]] = []  # heap of (Redis's `_ts`, entity) whose write it refused
+        self.retried: dict[tuple, int] = {}  # refused entities due again -> the `_ts` Redis held
         # Per feature: op, window slot, (partial suffix, tile column) pairs, and a reused input of `finalize`.
         self._plan = [(s.op, s.slot, tuple(s.columns.items()), {}) for s in layout.specs]
 
     def load_history(self, rows: Iterable[tuple[tuple, int, tuple]], cutover_ms: int) -> int:
         """Seed the windows with the batch side's tiles (key, tile start, values) of events before `cutover_ms`,
         before any stream update; returns the entities seeded, every one of them then to be written. The clock
-        starts at the greatest event time of the history."""
+        starts at the greatest event time of the history. Tiles older than every window still date an entity's
+        last change (where they left a window); an entity with no tile left in a window is written once with
+        empty windows, as a stream running since the cutover would have written it when its last tile left."""
         layout = self.layout
         straddled = cutover_ms // layout.tile_ms if cutover_ms % layout.tile_ms else None
         by_entity: dict[tuple, dict[int, tuple]] = {}
@@ -150,10 +163,9 @@ class WindowState:
         first = self.current - layout.longest + 1
         for key, tiles in by_entity.items():
             kept = {t: v for t, v in tiles.items() if first <= t <= self.current}
-            if not kept:
-                continue
-            entity = self.entities[key] = _Entity(layout)
+            entity = self.entities[key] = _Entity(layout)  # none kept: written once, empty, at where they left
             entity.tiles = kept
+            entity.changed = max(self._changed_by(t) for t in tiles if t <= self.current)
             for t in kept:
                 self.index.setdefault(t, set()).add(key)
             for slot in range(len(layout.lengths)):
@@ -172,9 +184,18 @@ class WindowState:
             self.head_ms = clock
         if self.current is None or tile > self.current:
             self.advance(tile)
-        if tile <= self.current - layout.longest:
-            return 0
         entity = self.entities.get(key)
+        if tile <= self.current - layout.longest:
+            # a tile that left every window before it came (a replay's, or events behind the clock from a trailing
+            # partition): where it left still dates its entity, and an entity known by it alone is written once
+            # with empty windows, as it would have been had the tile come in time
+            changed = self._changed_by(tile)
+            if entity is None:
+                entity = self.entities[key] = _Entity(layout)
+            if changed > entity.changed:
+                entity.changed = changed
+                self.dirty.add(key)
+            return 0
         if entity is None:
             entity = self.entities[key] = _Entity(layout)
         if self.bases:
@@ -192,8 +213,15 @@ class WindowState:
         for slot, length in enumerate(layout.lengths):
             if tile > self.current - length:
                 self._add(entity.acc[slot], slot, tile, values, old, entity, deltas)
+        entity.changed = max(entity.changed, self._changed_by(tile))
         self.dirty.add(key)
         return values[events] - (old[events] if old is not None else 0)
+
+    def _changed_by(self, tile: int) -> int:
+        """The boundary of the last change a tile made to its entity's windows by the clock's tile: where it
+        entered them (its end), or where it left the longest window it has left."""
+        gone = [length for length in self.layout.lengths if tile + length <= self.current]
+        return (tile + 1 + (max(gone) if gone else 0)) * self.layout.tile_ms
 
     def _add(self, acc: list, slot: int, tile: int, new: tuple, old: Optional[tuple], entity: _Entity,
              deltas: dict) -> None:
@@ -248,9 +276,11 @@ class WindowState:
         for slot, length in enumerate(self.layout.lengths):
             first_gone, last_gone = previous - length + 1, tile - length
             for t in [t for t in self.index if first_gone <= t <= last_gone]:
+                gone_ms = (t + length + 1) * self.layout.tile_ms
                 for key in self.index[t]:
                     entity = self.entities[key]
                     self._subtract(entity.acc[slot], slot, entity.tiles[t])
+                    entity.changed = max(entity.changed, gone_ms)
                     touched.setdefault(key, set()).add(slot)
         for t in [t for t in self.index if t <= tile - self.layout.longest]:
             for key in self.index.pop(t):
@@ -295,30 +325,40 @@ class WindowState:
                 acc[j].add_many(value for _, value in present)
 
     def write_again_at(self, key: tuple, stored_ms: int) -> None:
-        """Redis refused this entity's values: it holds newer ones (`_ts` = `stored_ms`), from materialization or
-        a faster writer. Write it again once the clock reaches them, so it does not keep those values when its
-        own change before that instant is the last it has."""
+        """Redis refused this entity's values: it holds a later `_ts` (`stored_ms`), from materialization ahead of
+        the clock. Write them again at that `_ts` once the served boundary reaches it, so it does not keep those
+        values when its own change before that instant is the last it has."""
         heapq.heappush(self.refused, (stored_ms, key))
 
-    def take_dirty(self) -> list[tuple[tuple, list[Any]]]:
-        """(key, feature values) of every entity whose values may have changed since the last call, or whose
-        refused write is due again; entities left without tiles are written once (empty windows) and
-        forgotten."""
-        while self.refused and self.head_ms is not None and self.refused[0][0] <= self.head_ms:
-            self.dirty.add(heapq.heappop(self.refused)[1])
-        rows: list[tuple[tuple, list[Any]]] = []
+    @property
+    def served_ms(self) -> Optional[int]:
+        """The boundary the served values are at: the end of the clock's tile."""
+        return None if self.current is None else (self.current + 1) * self.layout.tile_ms
+
+    def take_dirty(self) -> list[tuple[tuple, list[Any], int]]:
+        """(key, feature values, `_ts` in ms) of every entity whose values may have changed since the last call,
+        or whose refused write is due again; entities left without tiles are written once (empty windows) and
+        forgotten. The `_ts` is the boundary of the entity's last change, or the later `_ts` Redis held when it
+        refused the entity's write (`write_again_at`) and the served boundary has reached it."""
+        served = self.served_ms
+        while self.refused and served is not None and self.refused[0][0] <= served:
+            stored, key = heapq.heappop(self.refused)
+            self.dirty.add(key)
+            self.retried[key] = max(stored, self.retried.get(key, stored))
+        rows: list[tuple[tuple, list[Any], int]] = []
         pending: list[tuple[list[Any], int, HllUnion]] = []
         for key in self.dirty:
             entity = self.entities.get(key)
             if entity is None:
                 continue
             values = self._values(entity, pending)
-            rows.append((key, values))
+            rows.append((key, values, max(entity.changed, self.retried.get(key, 0))))
             if not entity.tiles:
                 del self.entities[key]
         for (values, i, _), estimate in zip(pending, estimates([u for _, _, u in pending])):
             values[i] = estimate
         self.dirty = set()
+        self.retried = {}
         return rows
 
     def _values(self, entity: _Entity, pending: list) -> list[Any]:

@@ -64,6 +64,20 @@ def latest_versions(messages: list) -> list:
     return out
 
 
+def write_rows(sink: RedisSink, view_layout: ViewLayout, rows: list, stamps: list[int],
+               served_ms: int) -> list[tuple[int, int]]:
+    """Guarded writes of `rows` at `stamps`; a row Redis refuses for a `_ts` it holds at or before the served
+    boundary (an entity written before it was forgotten, then seen again with an earlier change) is sent again at
+    that `_ts` at once. Returns the rows still refused, (position, Redis's `_ts`): those whose stored `_ts` lies
+    ahead of the served boundary (materialization), to write once the clock is there."""
+    refused = sink.send(sink.commands(view_layout, rows, stamps))
+    now = [(position, stored) for position, stored in refused if stored <= served_ms]
+    if not now:
+        return refused
+    again = sink.send(sink.commands(view_layout, [rows[p] for p, _ in now], [stored for _, stored in now]))
+    return [r for r in refused if r[1] > served_ms] + [(now[i][0], stored) for i, stored in again]
+
+
 class WindowWriter:
     """Follows its partitions of the tile topics of `plan` (writer `writer` of `writers`) and keeps Redis equal to
     the window values they imply; `clock` shares the views' clocks with the other writers (None: the only one)."""
@@ -143,8 +157,8 @@ class WindowWriter:
         return applied
 
     def write_all(self) -> None:
-        """Write every entity held, at the views' clocks (once every writer has caught up: the clocks are theirs
-        too)."""
+        """Write every entity held, each at its last change (once every writer has caught up: the clocks, which
+        slide every writer's windows, are theirs too)."""
         self._share_clock()
         for view in self.views.values():
             view.state.dirty = set(view.state.entities)
@@ -220,14 +234,15 @@ class WindowWriter:
         return added, row[2][view.layout.clock_column]
 
     def _flush(self, clocks: list[int]) -> None:
-        """Write every changed entity at its view's clock, then record the clocks of the views written as their
-        newest event times (one command per flush, `redis_store.freshness`)."""
+        """Write every changed entity, each at its last change (`streaming.windows`), then record the clocks of the
+        views written as their newest event times (one command per flush, `redis_store.freshness`)."""
         written = {}
         for view in self.views.values():
-            rows = view.state.take_dirty()
-            if not rows:
+            dirty = view.state.take_dirty()
+            if not dirty:
                 continue
-            refused = self.sink.send(self.sink.commands(view.layout, rows, view.state.head_ms))
+            rows = [(key, values) for key, values, _ in dirty]
+            refused = write_rows(self.sink, view.layout, rows, [ts for _, _, ts in dirty], view.state.served_ms)
             view.counters.writes += len(rows) - len(refused)
             view.counters.refused += len(refused)
             for position, stored_ms in refused:

@@ -86,6 +86,13 @@ def _all_changes(view: FeatureView, events: list[Mapping[str, Any]]) -> set[int]
     return {e[ts] // tile * tile + tile + w for e in events for w in lengths}
 
 
+def last_change_ms(view: FeatureView, events: list[Mapping[str, Any]], clock_ms: int) -> int:
+    """The `_ts` a stream writes the entity with while the view's clock is at `clock_ms`: the latest boundary at
+    which one of its tiles entered or left a window by then (the latest change boundary, as a backfill's rows)."""
+    served = clock_ms // tile_ms(view) * tile_ms(view) + tile_ms(view)
+    return max(b for b in _all_changes(view, events) if b <= served)
+
+
 def change_boundaries(view: FeatureView, events: list[Mapping[str, Any]], start_ms: int, end_ms: int) -> set[int]:
     """The boundaries of the entity's rows in a backfill of [start, end): where a tile enters or leaves a window in
     the range; and the entity's last such boundary at or before the range's first boundary, if that is not older

@@ -104,15 +104,16 @@ def test_a_view_over_a_source_with_vectors_cannot_stream(repo):
 
 
 def test_a_new_generation_reads_back_one_longest_window_or_from_its_cutover(repo):
+    """From the hour an event time may lead its record's timestamp before the earliest event that counts: one
+    lookback (window, tile, lateness) before the start, or with history the cutover, whichever is later."""
     target = Target("p", None, SETTINGS, Path("/state"))
-    now, day_and_more = 10**13, (24 * 60 + 1) * 60_000 + 35_000
+    now, day_and_more, hour = 10**13, (24 * 60 + 1) * 60_000 + 35_000, 3_600_000
     views = [repo.view("asset_activity")]
-    assert start_ms(target, views, Generation(now, {})) == now - day_and_more
-    # with history: from the hour an event time may lead its record before the cutover, if that is later
+    assert start_ms(target, views, Generation(now, {})) == now - day_and_more - hour
     cutover = now - 600_000
-    assert start_ms(target, views, Generation(now, {"asset_interactions": cutover})) == cutover - 3_600_000
+    assert start_ms(target, views, Generation(now, {"asset_interactions": cutover})) == cutover - hour
     assert start_ms(target, views, Generation(now, {"asset_interactions": now - 3 * 86_400_000})) == \
-        now - day_and_more
+        now - day_and_more - hour
 
 
 def test_one_runner_per_job(tmp_path):

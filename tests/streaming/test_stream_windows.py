@@ -61,7 +61,7 @@ def feed(state: WindowState, view: FeatureView, events: list[dict], cuts: list[i
         batch = changed + (sent[i - 2] if replay_from >= 0 and i >= replay_from + 2 else [])
         for (*key, start), values in batch:
             state.apply(tuple(key), start, tuple(values[n] for n in names))
-        yield state.take_dirty()
+        yield [(key, values) for key, values, _ in state.take_dirty()]
 
 
 def expected(view: FeatureView, events: list[dict], current_tile: int) -> dict:
@@ -147,7 +147,7 @@ def test_windows_started_from_history_equal_the_oracle_over_history_and_live(see
     state = new_state(VIEW)
     assert state.load_history(rng.sample(rows, len(rows)), cutover) == len(state.dirty) > 10
     assert state.head_ms == max(e["ts"] for e in history)
-    served = dict(state.take_dirty())
+    served = {key: values for key, values, _ in state.take_dirty()}
     check(state, VIEW, served, history)
     cuts = sorted(rng.sample(range(1, len(live)), 40)) + [len(live)]
     for rows in feed(state, VIEW, live, cuts, replay_from=3):
@@ -183,6 +183,109 @@ def test_writers_sharing_a_clock_equal_one_writer():
             clock.publish(0, state.head_ms)
         for state, clock in zip(states, clocks):
             state.follow(clock.head(0))
-            served.update(state.take_dirty())
+            served.update((key, values) for key, values, _ in state.take_dirty())
     assert {len(s.entities) > 0 for s in states} == {True} and states[0].current == states[1].current
     check(states[0], VIEW, served, events)
+
+
+def last_change(events: list[dict], current: int) -> dict:
+    """Per entity, the `_ts` it is written with when the clock is at tile `current` (window_oracle)."""
+    return {key: window_oracle.last_change_ms(VIEW, rows, current * MINUTE)
+            for key, rows in window_oracle.by_entity(VIEW, events).items()}
+
+
+def tile_rows(events: list[dict]) -> list[tuple]:
+    names = [c.name for c in compile_view(VIEW, SourceSettings("x:1", Path("/"))).tile_columns]
+    return [(tuple(key), start, tuple(values[n] for n in names))
+            for (*key, start), values in tile_oracle.tiles(VIEW, events, Path("/")).items()]
+
+
+def test_each_entity_is_written_at_its_last_change():
+    """Every write's `_ts` is the boundary of the entity's own last change (where a tile of it entered or left a
+    window), not the view's clock: started from history, then live, quiet entities sliding out."""
+    rng = random.Random(11)
+    events = sorted(make_events(rng, 1_200, minutes=90), key=lambda e: e["ts"])
+    events += [{"shop": "quiet", "user": "u1", "kind": "buy", "price": 1.0, "qty": 1, "ts": T0 + 3_000}]
+    events.sort(key=lambda e: e["ts"])
+    cutover = T0 + 40 * MINUTE
+    history = [e for e in events if e["ts"] < cutover]
+    live = [e for e in events if e["ts"] >= cutover]
+    state = new_state(VIEW)
+    state.load_history(tile_rows(history), cutover)
+    written = state.take_dirty()
+    want = last_change(history, state.current)
+    assert {key: ts for key, _, ts in written} == {key: want[key] for key, _, _ in written}
+    assert written and {key for key, _, _ in written} <= set(want)
+    quiet = next(ts for key, _, ts in written if key == ("quiet",))
+    assert quiet == T0 + 31 * MINUTE < state.head_ms       # not the clock: where its tile left the 30m window
+    seen = list(history)
+    for cut in range(0, len(live), 37):
+        batch = live[cut:cut + 37]
+        seen += batch
+        for key, start, values in tile_rows(seen):
+            if any(e["ts"] // MINUTE == start // MINUTE and (e["shop"],) == key for e in batch):
+                state.apply(key, start, values)
+        want = last_change(seen, state.current)
+        written = state.take_dirty()
+        assert written and all(ts == want[key] for key, _, ts in written), cut
+
+
+def test_a_restart_writes_each_entity_at_the_ts_the_running_stream_gave_it():
+    """A state rebuilt as a restart rebuilds it (the same history tiles, then the tile topics' latest versions in
+    another order, replays included) writes every entity it holds with the `_ts` of its last write before."""
+    rng = random.Random(12)
+    events = make_events(rng, 2_500, minutes=180)          # live for longer than the longest window (1h)
+    end = max(e["ts"] for e in events) // MINUTE
+    events += [{"shop": "newcomer", "user": "u1", "kind": "buy", "price": 1.0, "qty": 1, "ts": (end - m) * MINUTE}
+               for m in (61, 40)]                           # its first tile left the 1h window a minute ago
+    cutover = T0 + 50 * MINUTE
+    history = [e for e in events if e["ts"] < cutover]
+    live = [e for e in events if e["ts"] >= cutover]
+    running = new_state(VIEW)
+    running.load_history(tile_rows(history), cutover)
+    last = {key: ts for key, _, ts in running.take_dirty()}
+    cuts = sorted(rng.sample(range(1, len(live)), 30)) + [len(live)]
+    names = [c.name for c in compile_view(VIEW, SourceSettings("x:1", Path("/"))).tile_columns]
+    versions: dict = {}
+    previous: dict = {}
+    for cut in cuts:
+        tiles = tile_oracle.tiles(VIEW, live[:cut], Path("/"))
+        for (*key, start), values in tiles.items():
+            if previous.get((*key, start)) != values:
+                running.apply(tuple(key), start, tuple(values[n] for n in names))
+                versions[(*key, start)] = values
+        previous = tiles
+        last.update((key, ts) for key, _, ts in running.take_dirty())
+    restarted = new_state(VIEW)
+    restarted.load_history(tile_rows(history), cutover)
+    replay = list(versions.items())
+    rng.shuffle(replay)             # the newest tile first, and the newcomer's old tile before its new one
+    replay.sort(key=lambda item: (item[0][-1] != max(k[-1] for k in versions), item[0][0] == "newcomer",
+                                  item[0][-1] if item[0][0] == "newcomer" else 0))
+    for (*key, start), values in replay:
+        restarted.apply(tuple(key), start, tuple(values[n] for n in names))
+    restarted.take_dirty()
+    restarted.dirty = set(restarted.entities)              # what `WindowWriter.write_all` does after catching up
+    again = {key: ts for key, _, ts in restarted.take_dirty()}
+    assert again and set(again) == set(running.entities)
+    assert {key: ts for key, ts in again.items() if ts != last[key]} == {}
+
+
+def test_entities_whose_tiles_left_every_window_before_they_came_are_written_once_empty():
+    """From history (tiles older than every window, newer than the ttl) and live (a tile behind the clock, as from a
+    trailing partition): such an entity is written once with empty windows at the boundary where its tile left,
+    as a stream that saw the tile in time would have left it, then forgotten."""
+    state = new_state(VIEW)
+    old = [{"shop": "gone", "user": "u1", "kind": "buy", "price": 2.0, "qty": 1, "ts": T0 + 30_000}]
+    busy = [{"shop": "busy", "user": "u2", "kind": "view", "price": 1.0, "qty": 1, "ts": T0 + 70 * MINUTE}]
+    assert state.load_history(tile_rows(old + busy), T0 + 71 * MINUTE) == 2
+    written = {key: (dict(zip(state.layout.feature_names, values)), ts) for key, values, ts in state.take_dirty()}
+    values, ts = written[("gone",)]
+    assert values["buys_30m"] == 0 and values["users_30m"] == 0 and values["last_kind"] is None
+    assert ts == T0 + 61 * MINUTE and ("gone",) not in state.entities              # left the 1h window at 61m
+    behind = [{"shop": "behind", "user": "u3", "kind": "buy", "price": 4.0, "qty": 2, "ts": T0 + 2 * MINUTE}]
+    for key, start, values in tile_rows(behind):
+        assert state.apply(key, start, values) == 0
+    (key, values, ts), = state.take_dirty()
+    assert key == ("behind",) and dict(zip(state.layout.feature_names, values))["buys_30m"] == 0
+    assert ts == T0 + 63 * MINUTE and ("behind",) not in state.entities

@@ -19,7 +19,8 @@ A service with `logging` gets Feast's `LoggingConfig` with a `FileLoggingDestina
 writer's `partition_by` makes `YYYY-MM-DD/` folders its reader cannot read back, so `partition_by` stays unset).
 
 An on-demand view becomes an `OnDemandFeatureView` in Feast's "python" mode whose function is our `OnDemandUdf`
-(`dsl.transform`), registered as text that rebuilds it, so Feast's SDK runs the same code as ours.
+(`dsl.transform`), registered as text that rebuilds it, so Feast's SDK runs the same code as ours; its outputs are
+the declared schema, not what Feast infers from a call on made-up inputs (`dsl.feast_transformation`).
 """
 
 from __future__ import annotations
@@ -206,11 +207,12 @@ def _request_source(fields: RequestFields):
 
 def _feast_on_demand(odfv: OnDemandView, views: dict, request_sources: dict):
     from feast import Field, OnDemandFeatureView
-    from feast.transformation.python_transformation import PythonTransformation
+
+    from dsl.feast_transformation import DeclaredOutputsTransformation
 
     sources = [views[ref.view][list(ref.features)] for ref in odfv.stored_inputs]
     sources += [request_sources[fields.name] for fields in odfv.request_sources]
-    transformation = PythonTransformation(udf=odfv.udf, udf_string=odfv.udf.registered_text())
+    transformation = DeclaredOutputsTransformation(udf=odfv.udf, udf_string=odfv.udf.registered_text())
     return OnDemandFeatureView(name=odfv.name, sources=sources, feature_transformation=transformation, mode="python",
                                schema=[Field(name=k, dtype=t.feast_type()) for k, t in odfv.schema.items()],
                                description=odfv.description, owner=odfv.owner,

@@ -10,7 +10,7 @@ import pytest
 from feast import FileSource, KafkaSource
 from feast import types as ft
 
-from dsl import Aggregation, Entity, EventSource, FeatureView, Int64, Repository, String, Timestamp
+from dsl import Aggregation, Entity, EventSource, FeatureView, Float64, Int64, Repository, String, Timestamp
 from dsl.compile_feast import compile_feast
 from common.config import S3Settings
 from common.storage import Storage
@@ -139,3 +139,25 @@ def test_logged_service_compiles_to_feast_logging_config():
     with pytest.raises(DefinitionError, match=r"feature service `ranking`: logs its served vectors, but the data "
                                               r"is in s3://bucket/data"):
         compile_feast(repo, remote, [compile_view(view, remote)])
+
+
+def no_estimate(row):
+    return {"estimate": float("nan"), "label": None}  # NaN and None: missing values
+
+
+def test_on_demand_outputs_are_the_declared_schema_not_inferred_from_a_call():
+    """Feast's `apply` infers an on-demand view's outputs from a call on made-up inputs: a missing value there has
+    no type (ValueError from `infer_features`), so the declared schema is the answer."""
+    from dsl import OnDemandView, RequestFields
+
+    shop = Entity("shop", join_keys={"shop_id": String})
+    source = EventSource("sales", {"shop_id": String, "qty": Int64, "ts": Timestamp}, timestamp_field="ts",
+                         path="sales")
+    view = FeatureView("shop_sales", shop, source, features=[Aggregation("sum", "qty", windows=["1h"])])
+    odfv = OnDemandView("estimates", sources=[view[["qty_sum_1h"]], RequestFields("req", {"x": Float64})],
+                        schema={"estimate": Float64, "label": String}, transformation=no_estimate, mode="python")
+    repo = Repository.of([view, odfv])
+    feast_odfv = compile_feast(repo, SETTINGS, [compile_view(view, SETTINGS)]).on_demand_views[0]
+    feast_odfv.infer_features()  # what FeatureStore.apply calls
+    assert [(f.name, f.dtype) for f in feast_odfv.features] == [("estimate", ft.Float64), ("label", ft.String)]
+    assert feast_odfv.feature_transformation.transform({"qty_sum_1h": [3], "x": [1.0]})["estimate"] == [None]

@@ -61,7 +61,9 @@ def _present(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def _numbers(column: pa.ChunkedArray) -> np.ndarray:
-    return pc.fill_null(column.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False)
+    """The column as float64, nulls 0; an integer beyond 2**53 rounds (means and profiles need no exact value,
+    and Arrow's safe cast refuses it)."""
+    return pc.fill_null(column.cast(pa.float64(), safe=False), 0.0).to_numpy(zero_copy_only=False)
 
 
 def _samples(table: pa.Table, view: FeatureView, feature: str, rows: np.ndarray) -> tuple[dict[str, Any], ...]:

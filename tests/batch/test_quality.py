@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from batch.offline_table import RangeWriter
-from batch.quality import SAMPLE_ROWS, check_backfill
+from batch.quality import SAMPLE_ROWS, assess, check_backfill
 from common.feature_profile import QUANTILES, TOP_CATEGORIES
 from common.quality_log import QualityLog
 from dsl import (AllowedValues, Attribute, Aggregation, Bool, Entity, EventSource, FeatureView, Float64, InRange,
@@ -59,13 +59,15 @@ def make_rows(seed: int, revenue_scale: float = 1.0) -> list[dict]:
     return rows
 
 
+SCHEMA = pa.schema([("region", pa.string()), ("shop_id", pa.int64()), (EVENT_TIMESTAMP, pa.timestamp("ms", "UTC")),
+                    ("revenue_1h", pa.float64()), ("sales_1h", pa.int64()), ("channel", pa.string()),
+                    ("paid", pa.bool_())])
+
+
 def write(data_dir, rows: list[dict]) -> None:
-    schema = pa.schema([("region", pa.string()), ("shop_id", pa.int64()), (EVENT_TIMESTAMP, pa.timestamp("ms", "UTC")),
-                        ("revenue_1h", pa.float64()), ("sales_1h", pa.int64()), ("channel", pa.string()),
-                        ("paid", pa.bool_())])
     path = offline_table_path(data_dir, VIEW)
-    with RangeWriter(path, schema, START_MS - 2 * HOUR_MS, END_MS + 2 * HOUR_MS) as writer:
-        writer.write(pa.Table.from_pylist(rows, schema))
+    with RangeWriter(path, SCHEMA, START_MS - 2 * HOUR_MS, END_MS + 2 * HOUR_MS) as writer:
+        writer.write(pa.Table.from_pylist(rows, SCHEMA))
         writer.commit()
 
 
@@ -227,3 +229,14 @@ def test_a_range_with_no_rows_passes_and_records_replace_what_they_contain(tmp_p
         assert quality_log.delete_project("shops") == 1 and quality_log.latest_profiles("shops") == {}
     finally:
         quality_log.close()
+
+
+def test_integers_beyond_float64s_exact_range_are_profiled():
+    """An int64 above 2**53 has no exact float64: its mean and profile round instead of failing the backfill."""
+    big = 2**53 + 1
+    rows = [{"region": "eu", "shop_id": 1, EVENT_TIMESTAMP: utc(START_MS + h * HOUR_MS), "revenue_1h": 1.0,
+             "sales_1h": sales, "channel": "web", "paid": True} for h, sales in enumerate([big, big, None])]
+    record = assess(VIEW, pa.Table.from_pylist(rows, SCHEMA), utc(START_MS), utc(END_MS), "shops", None)
+    assert record.means["sales_1h"] == float(big)
+    assert record.profiles["sales_1h"].cuts[-1] == float(big)
+    assert record.null_rates["sales_1h"] == pytest.approx(1 / 3)

@@ -95,6 +95,17 @@ def test_python_mode_gets_a_float_nan_as_none_online_and_offline():
     assert [udf.run_row([value]) for value in (float("nan"), None, 2.5)] == [["None"], ["None"], ["2.5"]]
 
 
+
+def test_an_int_column_missing_a_value_is_float64_alike_online_and_offline():
+    """An Int64 input missing a value is float64, beyond 2**53 rounded: from a training set's Arrow column as from
+    the online lists, and no error blamed on the function (Arrow's safe cast refuses the rounding)."""
+    udf = OnDemandUdf(lambda inputs: {"same": inputs["n"]}, "numpy", {"n": "int64"}, {"same": "int64"}, "v")
+    big = 2**53 + 1
+    online = udf.run({"n": [big, None]}, 2)
+    assert udf.run({"n": pa.chunked_array([pa.array([big, None], pa.int64())])}, 2) == online == \
+        {"same": [2**53, None]}
+    assert udf.run({"n": pa.array([big, 1], pa.int64())}, 2) == {"same": [big, 1]}  # no missing value: exact
+
 def returning(value, kind: str) -> OnDemandUdf:
     return OnDemandUdf(lambda inputs: {"out": value}, "numpy", {"x": "float64"}, {"out": kind}, "v")
 

@@ -85,6 +85,18 @@ def stored_reads(wanted: Wanted) -> list[tuple[FeatureView, list[str]]]:
     return list(reads.values())
 
 
+def entity_columns(wanted: Wanted) -> dict[str, ValueType]:
+    """The columns entity rows hold for `wanted`, with their declared types: the join keys of the stored views
+    read, and the request fields of the on-demand views."""
+    out: dict[str, ValueType] = {}
+    for view, _ in stored_reads(wanted):
+        out.update(view.entity.join_keys)
+    for view, _ in wanted:
+        if isinstance(view, OnDemandView):
+            out.update(view.request_schema)
+    return out
+
+
 def get_historical_features(entity_df: pd.DataFrame, features: str | Sequence[str], repo: Repository,
                             data_dir: Path | Storage, *, full_feature_names: bool = False,
                             timestamp_column: str = EVENT_TIMESTAMP) -> pd.DataFrame:

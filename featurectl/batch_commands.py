@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 import click
 from tqdm import tqdm
@@ -12,6 +13,9 @@ from tqdm import tqdm
 from common.config import ProjectConfig
 from common.instants import from_epoch_ms, shifted
 from featurectl.params import INSTANT
+
+if TYPE_CHECKING:
+    from dsl.types import ValueType
 
 
 class TqdmProgress:
@@ -71,11 +75,13 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
                f"{summary.seconds:.1f} s")
 
 
-def read_entities(path: Path, option: str = "--entities"):
+def read_entities(path: Path, option: str = "--entities", types: Mapping[str, ValueType] | None = None):
     """Entity (or label) rows from Parquet or CSV (a CSV `event_timestamp` may hold ISO times or epoch
-    milliseconds); `option` names the file's option in errors."""
+    milliseconds); `option` names the file's option in errors. A CSV's columns named in `types` (join keys,
+    request fields) are read as those types, not inferred: a String stays the text written ("", "NA", "123")."""
     import pandas as pd
     import pyarrow as pa
+    import pyarrow.csv as csv
     import pyarrow.parquet as pq
 
     from dsl.compile_feast import EVENT_TIMESTAMP
@@ -85,16 +91,27 @@ def read_entities(path: Path, option: str = "--entities"):
         return pq.read_table(path)
     if suffix != ".csv":
         raise click.BadParameter(f"{path} is neither .parquet nor .csv", param_hint=option)
-    frame = pd.read_csv(path, dtype_backend="pyarrow")
-    if EVENT_TIMESTAMP in frame and not pd.api.types.is_integer_dtype(frame[EVENT_TIMESTAMP]):
-        try:
-            frame[EVENT_TIMESTAMP] = pd.to_datetime(frame[EVENT_TIMESTAMP], utc=True, format="ISO8601")
-        except ValueError as exc:  # not a time, or past pandas' years 1677 to 2262
-            reason = str(exc).splitlines()[0].removesuffix(" You might want to try:")
-            raise click.BadParameter(f"{path}: `{EVENT_TIMESTAMP}` holds a value that is not a time pandas can "
-                                     f"read ({reason}): write ISO 8601 times from 1677 to 2262, or epoch "
-                                     "milliseconds", param_hint=option) from None
-    return pa.Table.from_pandas(frame, preserve_index=False)
+    types = dict(types or {})
+    try:
+        table = csv.read_csv(path, convert_options=csv.ConvertOptions(
+            column_types={name: kind.arrow_type() for name, kind in types.items()}))
+    except pa.ArrowInvalid as exc:
+        declared = ", ".join(f"`{name}` {kind.value}" for name, kind in types.items())
+        raise click.BadParameter(f"{path}: {exc}; fix the file (join keys and request fields are read as their "
+                                 f"declared types: {declared or 'none here'})", param_hint=option) from None
+    if EVENT_TIMESTAMP not in table.column_names:
+        return table
+    times = table.column(EVENT_TIMESTAMP)
+    if pa.types.is_integer(times.type) or pa.types.is_timestamp(times.type):
+        return table
+    try:  # times Arrow did not read (mixed forms, dates, ...): as pandas reads them
+        parsed = pd.to_datetime(times.cast(pa.string()).to_pandas(), utc=True, format="ISO8601")
+    except ValueError as exc:  # not a time, or past pandas' years 1677 to 2262
+        reason = str(exc).splitlines()[0].removesuffix(" You might want to try:")
+        raise click.BadParameter(f"{path}: `{EVENT_TIMESTAMP}` holds a value that is not a time pandas can "
+                                 f"read ({reason}): write ISO 8601 times from 1677 to 2262, or epoch "
+                                 "milliseconds", param_hint=option) from None
+    return table.set_column(table.column_names.index(EVENT_TIMESTAMP), EVENT_TIMESTAMP, pa.array(parsed))
 
 
 def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
@@ -152,16 +169,16 @@ def _training_set(cfg: ProjectConfig, entities_path: Path, features: str | list[
                   full_feature_names: bool) -> None:
     import pyarrow.parquet as pq
 
-    from batch.training import request_times_ms, resolve_features, stored_reads, training_table
+    from batch.training import entity_columns, request_times_ms, resolve_features, stored_reads, training_table
     from dsl import load_repo
     from dsl.compile_feast import EVENT_TIMESTAMP
 
     repo = load_repo(cfg.repo_path)
     began = time.monotonic()
-    entities = read_entities(entities_path)
+    wanted = resolve_features(repo, features)
+    entities = read_entities(entities_path, types=entity_columns(wanted))
     table = training_table(entities, features, repo, cfg.data_storage, full_feature_names=full_feature_names)
-    _warn_uncovered(cfg, [view for view, _ in stored_reads(resolve_features(repo, features))],
-                    request_times_ms(entities, EVENT_TIMESTAMP))
+    _warn_uncovered(cfg, [view for view, _ in stored_reads(wanted)], request_times_ms(entities, EVENT_TIMESTAMP))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_path)
     added = table.num_columns - entities.num_columns

@@ -115,7 +115,8 @@ def read_entities(path: Path, option: str = "--entities", types: Mapping[str, Va
 
 
 def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
-    """Warn when part of the span the rows look at was never backfilled (values there read as NULL)."""
+    """Warn when part of the span the rows look at was never backfilled: rows there read the latest offline row
+    before it (as `as_of` reads any row), so its events are missing from their values."""
     from batch.backfill_log import BackfillLog
 
     first, last = from_epoch_ms(int(times_ms.min())), from_epoch_ms(int(times_ms.max()))
@@ -127,8 +128,10 @@ def _warn_uncovered(cfg: ProjectConfig, views, times_ms) -> None:
             if gaps:
                 spans = ", ".join(f"[{a.isoformat()}, {b.isoformat()})" for a, b in gaps[:3])
                 click.secho(f"warning: `{view.name}` was never backfilled over {spans}"
-                            f"{' ...' if len(gaps) > 3 else ''}: rows there read NULL; run `featurectl backfill`",
-                            fg="yellow", err=True)
+                            f"{' ...' if len(gaps) > 3 else ''}: rows there hold its values as of the last "
+                            "backfilled change at or before them (null past the ttl, or without one), without the "
+                            f"events since; run `featurectl backfill --view {view.name} --start "
+                            f"{gaps[0][0].isoformat()} --end {gaps[-1][1].isoformat()}`", fg="yellow", err=True)
     finally:
         backfill_log.close()
 

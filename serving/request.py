@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from itertools import chain
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from common.errors import shown
 from dsl.types import FLOAT_TYPES, ValueType
 from serving.errors import EntityError
@@ -26,12 +28,13 @@ _INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(
 _NUMBERS = {int, float}
 
 
-def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
+def _as_columns(entity_rows: EntityRows, request_fields: Mapping[str, Any]) -> dict[str, list]:
     if isinstance(entity_rows, Mapping):
         columns = {}
         for key, values in entity_rows.items():
             if not isinstance(values, (list, tuple)):
-                raise EntityError(f"entity `{key}` must be a list of values, one per row; got {type(values).__name__}")
+                what = "request field" if key in request_fields else "entity"
+                raise EntityError(f"{what} `{key}` must be a list of values, one per row; got {type(values).__name__}")
             columns[key] = list(values)
         return columns
     if not isinstance(entity_rows, (list, tuple)) or not all(isinstance(r, Mapping) for r in entity_rows):
@@ -45,25 +48,37 @@ def _as_columns(entity_rows: EntityRows) -> dict[str, list]:
     return {key: [row[key] for row in entity_rows] for key in keys}
 
 
-def _check_values(key: str, kind: ValueType, values: list, what: str = "entity") -> None:
+def _checked(key: str, kind: ValueType, values: list, what: str = "entity") -> list:
+    """`values` when each is of `kind` (the Python type it decodes to); numpy scalars (np.int64, np.bool_, ...)
+    are taken as the Python values they hold, in a new list."""
+    bad = _first_bad(kind, values)
+    if bad is not None and any(isinstance(v, np.generic) for v in values):
+        values = [v.item() if isinstance(v, np.generic) else v for v in values]
+        bad = _first_bad(kind, values)
+    if bad is None:
+        return values
+    value = values[bad]
+    # a whole number below int64's range parses as a float from JSON (orjson), rounded: at a bound, out of range
+    out_of_range = kind in _INT_RANGE and (type(value) is int or (
+        type(value) is float and value.is_integer() and not _INT_RANGE[kind][0] < value < _INT_RANGE[kind][1]))
+    raise EntityError(f"{what} `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
+                      f"{shown(value)}" + (" (out of range)" if out_of_range else ""))
+
+
+def _first_bad(kind: ValueType, values: list) -> Optional[int]:
+    """The first row whose value is not of `kind`, or None."""
     if kind is ValueType.STRING:
         if set(map(type, values)) <= _STR:  # the usual case, checked in C
-            return
-        bad = next((i for i, v in enumerate(values) if type(v) is not str), None)
-    elif kind in FLOAT_TYPES:
+            return None
+        return next((i for i, v in enumerate(values) if type(v) is not str), None)
+    if kind in FLOAT_TYPES:
         if set(map(type, values)) <= _NUMBERS:
-            return
-        bad = next((i for i, v in enumerate(values) if type(v) not in _NUMBERS), None)
-    elif kind is ValueType.BOOL:
-        bad = next((i for i, v in enumerate(values) if type(v) is not bool), None)
-    else:
-        low, high = _INT_RANGE[kind]
-        bad = next((i for i, v in enumerate(values) if type(v) is not int or not low <= v <= high), None)
-    if bad is not None:
-        value = values[bad]
-        out_of_range = kind in _INT_RANGE and type(value) is int
-        raise EntityError(f"{what} `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
-                          f"{shown(value)}" + (" (out of range)" if out_of_range else ""))
+            return None
+        return next((i for i, v in enumerate(values) if type(v) not in _NUMBERS), None)
+    if kind is ValueType.BOOL:
+        return next((i for i, v in enumerate(values) if type(v) is not bool), None)
+    low, high = _INT_RANGE[kind]
+    return next((i for i, v in enumerate(values) if type(v) is not int or not low <= v <= high), None)
 
 
 def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType],
@@ -74,10 +89,9 @@ def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType],
     if not request_fields and len(join_keys) == 1 and type(entity_rows) is dict and len(entity_rows) == 1:
         (key, values), = entity_rows.items()  # the usual request: one join key, its column
         if type(values) is list and key in join_keys:
-            _check_values(key, join_keys[key], values)
-            return {key: values[:]}, len(values), {}
-    columns = _as_columns(entity_rows)
+            return {key: _checked(key, join_keys[key], values)[:]}, len(values), {}
     request_fields = request_fields or {}
+    columns = _as_columns(entity_rows, request_fields)
     if columns.keys() != join_keys.keys() | request_fields.keys():
         missing = [k for k in join_keys if k not in columns]
         if missing:
@@ -96,10 +110,10 @@ def entity_columns(entity_rows: EntityRows, join_keys: dict[str, ValueType],
         raise EntityError(f"entity columns have different lengths ({sorted(lengths)}); give one value per row "
                           "for every join key")
     for key, kind in join_keys.items():
-        _check_values(key, kind, columns[key])
+        columns[key] = _checked(key, kind, columns[key])
     for name, kind in request_fields.items():
         if kind is not None:
-            _check_values(name, kind, columns[name], "request field")
+            columns[name] = _checked(name, kind, columns[name], "request field")
     rows = lengths.pop() if lengths else 0
     return {k: columns[k] for k in join_keys}, rows, {k: columns[k] for k in request_fields}
 

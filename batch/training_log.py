@@ -26,6 +26,7 @@ import pyarrow.dataset as ds
 from batch.training import TrainingSetError, request_times_ms
 from common.log_columns import LOG_DATE, LOG_TIMESTAMP, REQUEST_ID, log_columns
 from dsl.compile_feast import EVENT_TIMESTAMP
+from dsl.types import ValueType
 
 
 def logged_training_table(labels: pa.Table, service: str, store: Any) -> pa.Table:
@@ -51,6 +52,14 @@ def logged_training_table(labels: pa.Table, service: str, store: Any) -> pa.Tabl
     for name in added:
         out = out.append_column(schema.field(name), picked.column(name).take(at))
     return out
+
+
+def label_key_types(service: str, store: Any) -> dict[str, ValueType]:
+    """The join keys labels of `service` must carry, with their types (a CSV of labels is read as them)."""
+    _, schema, keys = _logged_service(store, service)
+    by_arrow = {kind.arrow_type(): kind for kind in (ValueType.STRING, ValueType.INT64, ValueType.INT32,
+                                                     ValueType.FLOAT64, ValueType.FLOAT32, ValueType.BOOL)}
+    return {key: by_arrow[schema.field(key).type] for key in keys if schema.field(key).type in by_arrow}
 
 
 def _logged_service(store: Any, service: str) -> tuple[str, pa.Schema, list[str]]:

@@ -78,7 +78,8 @@ def backfill(ctx, start: dt.datetime, end: dt.datetime, view_names: tuple[str, .
 def read_entities(path: Path, option: str = "--entities", types: Mapping[str, ValueType] | None = None):
     """Entity (or label) rows from Parquet or CSV (a CSV `event_timestamp` may hold ISO times or epoch
     milliseconds); `option` names the file's option in errors. A CSV's columns named in `types` (join keys,
-    request fields) are read as those types, not inferred: a String stays the text written ("", "NA", "123")."""
+    request fields; a logged service's join keys for labels) are read as those types, not inferred: a String
+    stays the text written ("", "NA", "123")."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.csv as csv
@@ -192,11 +193,12 @@ def _training_set_from_log(cfg: ProjectConfig, service: str, labels_path: Path, 
     import pyarrow.parquet as pq
     from feast import FeatureStore
 
-    from batch.training_log import logged_training_table
+    from batch.training_log import label_key_types, logged_training_table
 
     began = time.monotonic()
-    labels = read_entities(labels_path, "--labels")
-    table = logged_training_table(labels, service, FeatureStore(config=cfg.feast_repo_config()))
+    store = FeatureStore(config=cfg.feast_repo_config())
+    labels = read_entities(labels_path, "--labels", types=label_key_types(service, store))
+    table = logged_training_table(labels, service, store)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_path)
     matched = table.num_rows - table.column("__request_id").null_count

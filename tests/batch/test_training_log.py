@@ -146,6 +146,22 @@ def test_the_cli_writes_the_same_table(logged, tmp_path):
         logged_training_table(labels, "listing_scoring", store).to_pylist()  # Parquet keeps seconds as ms
 
 
+def test_a_csv_of_labels_reads_the_join_keys_as_their_logged_types(logged, tmp_path):
+    """A String join key whose values all look like numbers stays text ("007" keeps its zeros; CSV inference made
+    it the int64 7), and the labels join (here to no logged vector)."""
+    from batch.training_log import label_key_types
+    from featurectl.batch_commands import read_entities
+
+    _, store, _ = logged
+    assert {k: v.value for k, v in label_key_types("listing_scoring", store).items()} == {"item_id": "int64",
+                                                                                          "shop_id": "string"}
+    path = tmp_path / "labels.csv"
+    path.write_text("shop_id,item_id,event_timestamp\n123,1,2026-03-01T00:00:00Z\n007,2,2026-03-01T00:00:00Z\n")
+    labels = read_entities(path, "--labels", types=label_key_types("listing_scoring", store))
+    assert labels.column("shop_id").to_pylist() == ["123", "007"]
+    assert logged_training_table(labels, "listing_scoring", store).column("__request_id").to_pylist() == [None, None]
+
+
 @pytest.mark.parametrize("service, labels, fragment", [
     ("unlogged", None, "feature service `unlogged` has no file logging: add logging=FeatureLogging"),
     ("nope", None, "feature service `nope` is not in the registry"),

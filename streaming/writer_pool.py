@@ -2,7 +2,8 @@
 disjoint share of the tile partitions (`streaming.writer`), started and watched by the stream's process.
 
 Start: every writer loads its entities' history tiles and reads its partitions to their end without writing
-Redis; once all have, each writes all of its entities at the views' shared clocks, and only then does the Flink
+Redis; once all have, each writes all of its entities (their windows slid to the views' shared clocks, each at
+its own last change), and only then does the Flink
 job start, as with one writer. A writer process that dies (a crash, SIGKILL, out of memory) is restarted: it reads
 its partitions back from the beginning before it writes again, so its entities' values never move back and end
 exact, as after a restart of the stream; the other writers keep going meanwhile. A writer that dies more than

@@ -3,7 +3,8 @@
 Each file holding rows of the entity is rewritten without them: the kept rows go to a hidden file beside it, which
 then replaces it by one rename, so a reader sees the old file or the new one, never half of either; a file left
 with no rows is removed. Files without the entity's rows are not touched. Hidden files and folders (a backfill's
-staging, Arrow's own `_` files) are skipped, as Arrow's dataset discovery skips them.
+staging, Arrow's own `_` files) are skipped, as Arrow's dataset discovery skips them, but not a hive partition
+folder whose key starts with `_` (the feature logs' `__log_date=...`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def parquet_files(folder: Path) -> Iterator[Path]:
         yield folder
         return
     for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (not d.startswith("_") or "=" in d))
         for name in sorted(files):
             if name.endswith(".parquet") and not name.startswith((".", "_")):
                 yield Path(root) / name

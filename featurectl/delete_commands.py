@@ -11,7 +11,7 @@ import click
 
 from common.config import ProjectConfig
 from common.errors import FeaturectlError
-from dsl.compile_feast import offline_table_location, offline_table_path
+from dsl.compile_feast import feature_log_path, offline_table_location, offline_table_path
 from dsl.compile_flink import source_path
 from dsl.entity import Entity
 from dsl.feature_view import FeatureView
@@ -88,7 +88,8 @@ def _remove_rows(folder: Path, given: dict[str, Any], dry_run: bool, label: str)
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.pass_obj
 def delete(ctx, pairs: tuple[str, ...], history: bool, dry_run: bool, yes: bool) -> None:
-    """Remove one entity's online values (every view of the project) and offline rows, and say what was removed."""
+    """Remove one entity's online values (every view of the project), offline rows and logged feature vectors, and
+    say what was removed."""
     from redis_store.forget import EntityMatch, OnlineEraser
     from redis_store.settings import RedisSettings
 
@@ -99,7 +100,7 @@ def delete(ctx, pairs: tuple[str, ...], history: bool, dry_run: bool, yes: bool)
     matches = _matching_views(repo, given)
     who = ", ".join(f"{k}={v}" for k, v in given.items())
     if not (yes or dry_run):
-        click.confirm(f"Remove {who} from project `{cfg.project}` (online values and offline rows"
+        click.confirm(f"Remove {who} from project `{cfg.project}` (online values, offline rows, feature logs"
                       f"{' and source history' if history else ''})?", abort=True)
     verb = "would remove" if dry_run else "removed"
     eraser = OnlineEraser(RedisSettings.from_config(cfg))
@@ -115,7 +116,25 @@ def delete(ctx, pairs: tuple[str, ...], history: bool, dry_run: bool, yes: bool)
         for view in views:
             rows, files = _remove_rows(offline_table_path(data_dir, view), typed, dry_run, view.name)
             click.echo(f"offline table {view.name}: {verb} {rows} row(s) in {files} file(s)")
+    _feature_logs(data_dir, repo, matches, verb, dry_run)
     _history(data_dir, matches, history, dry_run)
+
+
+def _feature_logs(data_dir: Path, repo: Repository, matches: dict, verb: str, dry_run: bool) -> None:
+    """The entity's rows in the vectors `featurectl serve` logged for the services with logging (files whose
+    columns include the given join keys)."""
+    given = {tuple(sorted(typed.items())): typed for _, typed, _ in matches.values()}
+    for service in repo.services:
+        if service.logging is None:
+            continue
+        folder = feature_log_path(data_dir, service.name)
+        rows = files = 0
+        for typed in given.values():
+            found, touched = _remove_rows(folder, typed, dry_run, f"{service.name} logs")
+            rows, files = rows + found, files + touched
+        click.echo(f"feature logs {service.name}: {verb} {rows} row(s) in {files} file(s)"
+                   + ("; a running `featurectl serve` writes the rows it still holds after this: delete again "
+                      "once it has flushed them, or stop it first" if rows and not dry_run else ""))
 
 
 def _history(data_dir: Path, matches: dict, remove: bool, dry_run: bool) -> None:

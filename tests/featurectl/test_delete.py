@@ -31,7 +31,8 @@ NOW = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0
 ITEMS = ["sw*rd", "a[1]", "?", "plain", "back\\slash", "7"]
 PLAYERS = list(range(1, 13))
 FEATURES = """
-from dsl import Aggregation, Entity, EventSource, FeatureView, Float64, Int64, String, Timestamp
+from dsl import (Aggregation, Entity, EventSource, FeatureLogging, FeatureService, FeatureView, Float64, Int64,
+                 String, Timestamp)
 
 player = Entity("player", join_keys={"player_id": Int64})
 pair = Entity("pair", join_keys={"player_id": Int64, "item": String})
@@ -41,6 +42,7 @@ player_totals = FeatureView("player_totals", player, plays, tile="1h", ttl="30d"
                             features=[Aggregation("sum", "score", windows=["1d"], name="score")])
 pair_best = FeatureView("pair_best", pair, plays, tile="1h", ttl="30d",
                         features=[Aggregation("max", "score", windows=["1d"], name="best")])
+scoring = FeatureService("scoring", [pair_best], logging=FeatureLogging(sample_rate=1.0))
 """
 
 
@@ -85,12 +87,20 @@ def _data(tmp: Path, seed: int = 5) -> dict[str, pa.Table]:
                      "best_1d": rng.normal(0, 1, 500)})
     _write_partitioned(totals, tmp / "data" / "offline" / "player_totals")
     _write_partitioned(best, tmp / "data" / "offline" / "pair_best")
-    return {"player_totals": totals, "pair_best": best, "plays": history}
+    r = _rows(rng, 200)                                   # vectors `serve` logged for the service (its columns)
+    logs = pa.table({"player_id": r["player_id"], "item": r["item"], "pair_best__best_1d": rng.normal(0, 1, 200),
+                     "__log_timestamp": r["stamp"], "__request_id": [f"r{i}" for i in range(200)]})
+    folder = tmp / "data" / "feature_logs" / "scoring" / f"__log_date={NOW.date().isoformat()}"
+    folder.mkdir(parents=True)
+    for i in range(2):
+        pq.write_table(logs.slice(i * 100, 100), folder / f"worker-0-{i}.parquet")
+    return {"player_totals": totals, "pair_best": best, "plays": history, "logs": logs}
 
 
 def _read(path: Path) -> pa.Table:
-    table = ds.dataset(path, format="parquet", partitioning="hive").to_table()
-    return table.drop_columns([c for c in ("date",) if c in table.column_names])
+    table = ds.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=[".", "_"] if
+                       path.parent.name != "feature_logs" else ["."]).to_table()      # logs: `__log_date=...`
+    return table.drop_columns([c for c in ("date", "__log_date") if c in table.column_names])
 
 
 def _sorted(table: pa.Table) -> list[dict]:
@@ -171,6 +181,9 @@ def test_delete_an_entity_then_teardown_the_project(tmp_path, local_services):
         removed = written[view].num_rows - len(_without(written[view], player_id=7))
         assert f"offline table {view}: removed {removed} row(s)" in out
         assert _sorted(_read(tmp_path / "data" / "offline" / view)) == _without(written[view], player_id=7)
+    removed = written["logs"].num_rows - len(_without(written["logs"], player_id=7))
+    assert removed and f"feature logs scoring: removed {removed} row(s)" in out        # the served vectors too
+    assert _sorted(_read(tmp_path / "data" / "feature_logs" / "scoring")) == _without(written["logs"], player_id=7)
     kept = sum(1 for row in written["plays"].to_pylist() if row["player_id"] == 7)
     assert f"history plays: {kept} event(s) of the entity remain" in out and "--history" in out
     assert _sorted(_read(tmp_path / "data" / "plays")) == _sorted(written["plays"])

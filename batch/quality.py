@@ -81,15 +81,26 @@ def _samples(table: pa.Table, view: FeatureView, feature: str, rows: np.ndarray)
 
 def _in_range(check: InRange, table: pa.Table, view: FeatureView) -> CheckResult:
     column = table.column(check.feature)
-    present, values = _present(column), _numbers(column)
-    low = values < check.min if check.min is not None else np.zeros(len(values), bool)
-    high = values > check.max if check.max is not None else np.zeros(len(values), bool)
-    bad = present & (low | high)
+    present = _present(column)
+    low, high = check.min, check.max
+    if pa.types.is_integer(column.type):  # exact: an integer past 2**53 is not rounded onto a bound
+        values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+        low, high = (None if low is None else math.ceil(low)), (None if high is None else math.floor(high))
+    else:
+        values = _numbers(column)
+    below = values < low if low is not None else np.zeros(len(values), bool)
+    above = values > high if high is not None else np.zeros(len(values), bool)
+    bad = present & (below | above)
     failing, n = int(bad.sum()), int(present.sum())
-    seen = f"; observed min {values[present].min():g}, max {values[present].max():g}" if n else ""
+    seen = f"; observed min {_number(values[present].min())}, max {_number(values[present].max())}" if n else ""
     bounds = f"[{'-inf' if check.min is None else check.min}, {'inf' if check.max is None else check.max}]"
     return CheckResult(check.feature, check.label, failing == 0, f"{failing:,} of {n:,} values outside {bounds}"
                        f"{seen}", failing, table.num_rows, failing, _samples(table, view, check.feature, bad))
+
+
+def _number(value: Any) -> str:
+    """An observed value as the message shows it: an integer whole, a float to 6 significant digits."""
+    return str(int(value)) if isinstance(value, (int, np.integer)) else f"{value:g}"
 
 
 def _not_null_rate(check: NotNullRate, table: pa.Table, view: FeatureView) -> CheckResult:

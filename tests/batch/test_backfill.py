@@ -148,7 +148,7 @@ def test_every_backfill_checks_and_profiles_what_it_wrote(example_repo, backfill
     table = table.filter(pc.and_(pc.greater_equal(stamps, T0_MS), pc.less(stamps, T1_MS)))
     views = [v for v in table.column("views_24h").to_pylist() if v is not None]
     assert checks["InRange(views_24h, min=0)"].observed == (f"0 of {len(views):,} values outside [0, inf]; "
-                                                           f"observed min {min(views):g}, max {max(views):g}")
+                                                           f"observed min {min(views)}, max {max(views)}")
     assert checks["NotNullRate(category, at_least=0.99)"].value == 1.0
 
 

@@ -240,3 +240,18 @@ def test_integers_beyond_float64s_exact_range_are_profiled():
     assert record.means["sales_1h"] == float(big)
     assert record.profiles["sales_1h"].cuts[-1] == float(big)
     assert record.null_rates["sales_1h"] == pytest.approx(1 / 3)
+
+
+def test_in_range_compares_integers_exactly():
+    """2**53 + 1 has no float64 of its own (it rounds to 2**53): an Int64 range check compares the integers."""
+    import dataclasses
+
+    big = 2**53 + 1
+    view = dataclasses.replace(VIEW, expectations=[InRange("sales_1h", max=2**53), InRange("sales_1h", min=-0.5)])
+    rows = [{"region": "eu", "shop_id": 1, EVENT_TIMESTAMP: utc(START_MS + h * HOUR_MS), "revenue_1h": 1.0,
+             "sales_1h": sales, "channel": "web", "paid": True} for h, sales in enumerate([big, 2**53, 0, None])]
+    record = assess(view, pa.Table.from_pylist(rows, SCHEMA), utc(START_MS), utc(END_MS), "shops", None)
+    high, low = record.checks
+    assert not high.passed and high.failing == 1 and high.samples[0]["sales_1h"] == big
+    assert high.observed.endswith(f"observed min 0, max {big}")
+    assert low.passed and low.failing == 0

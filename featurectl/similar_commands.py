@@ -26,6 +26,18 @@ def _vector_feature(catalog: Any, view_name: Optional[str]) -> tuple[Any, str]:
     return candidates[0]
 
 
+def _typed_id(entity_id: str, key: str, kind: Any) -> Any:
+    """The id typed as its join key (the command line gives text): an integer key takes a whole number."""
+    from dsl.types import ValueType
+
+    if kind in (ValueType.INT64, ValueType.INT32):
+        try:
+            return int(entity_id)
+        except ValueError:
+            raise FeaturectlError(f"join key `{key}` is {kind.value}: `{entity_id}` is not a whole number") from None
+    return entity_id
+
+
 @click.command()
 @click.argument("entity_id")
 @click.option("-k", "k", default=10, show_default=True, help="how many neighbours")
@@ -38,15 +50,16 @@ def similar(ctx, entity_id: str, k: int, view_name: Optional[str]) -> None:
     cfg = ctx.config()
     with OnlineClient(cfg.feast_repo_config()) as client:
         view, feature = _vector_feature(client.registry.catalog, view_name)
-        key = view.join_keys[0][0]
+        (key, kind), = view.join_keys
+        entity = _typed_id(entity_id, key, kind)
         reference = f"{view.name}:{feature}"
-        vector = client.get_features([reference], [{key: entity_id}])[feature][0]
+        vector = client.get_features([reference], [{key: entity}])[feature][0]
         if vector is None:
             raise FeaturectlError(f"{key} {entity_id!r} has no `{reference}` in Redis: materialize or push it first")
         others = [name for name in view.features if name != feature]
         found = client.search(reference, vector, k + 1, features=others)
     rows = [(ids[key], distance, [found.features[name][i] for name in others])
-            for i, (ids, distance) in enumerate(zip(found.ids, found.distances)) if ids[key] != entity_id][:k]
+            for i, (ids, distance) in enumerate(zip(found.ids, found.distances)) if ids[key] != entity][:k]
     click.echo("\t".join(["rank", key, "distance", *others]))
     for rank, (hit, distance, values) in enumerate(rows, 1):
         click.echo("\t".join([str(rank), str(hit), f"{distance:.6g}", *map(str, values)]))

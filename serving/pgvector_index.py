@@ -60,13 +60,37 @@ def _pgserver():
     return pgserver
 
 
+_PRUNED_AT_EXIT: set[Path] = set()
+
+
 def embedded_server(config: ProjectConfig):
     """pgserver's handle of the repo's embedded PostgreSQL, started when no process runs it yet; it stays up while
-    any process of the repo holds a handle, and the last one's exit stops it."""
+    any process of the repo holds a handle, and the last one's exit stops it. pgserver counts a process as a
+    handle until that process's own exit handler removes it, so one that never ran it (killed, or ended by a
+    signal) would keep the server up for good: the pids of processes gone are dropped when a handle is taken and
+    again just before this process's exit handler runs."""
+    import atexit
+
     pgserver = _pgserver()
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it logs every pg_ctl command line at INFO
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    return pgserver.get_server(embedded_folder(config), cleanup_mode="stop")
+    server = pgserver.get_server(embedded_folder(config), cleanup_mode="stop")
+    _drop_gone_handles(server)
+    if server.pgdata not in _PRUNED_AT_EXIT:  # atexit runs the last registered first: before pgserver's cleanup
+        _PRUNED_AT_EXIT.add(server.pgdata)
+        atexit.register(_drop_gone_handles, server)
+    return server
+
+
+def _drop_gone_handles(server) -> None:
+    """Remove the pids of processes that no longer run from pgserver's list of the server's users."""
+    import psutil
+
+    with type(server)._lock:
+        pids = server.global_process_id_list.get()
+        live = [pid for pid in pids if psutil.pid_exists(pid)]
+        if live != pids:
+            server.global_process_id_list.put(live)
 
 
 def stop_embedded(config: ProjectConfig) -> Optional[str]:
@@ -174,11 +198,13 @@ class PgVectorIndex(VectorEngine):
     def write(self, view: FeatureView, columns: Mapping[str, Sequence[Any]], event_ms: Sequence[int],
               bulk: bool = False) -> int:
         """Write rows of `view` (join keys and every feature, one list per column; `event_ms` per row) in Feast's
-        PostgreSQL layout, by its store (or by `_load` when `bulk`): a row per entity and feature, the last
-        row of an entity winning. An entity whose last row has no vector leaves the index (its value in
-        Redis is null now: a hit would find a vector the store no longer serves). Returns the entities
-        written. `bulk` (a load): the HNSW index is left to `seal`, which builds it once over every row
-        (pgvector's advice for a load: faster than growing it row by row)."""
+        PostgreSQL layout (`_load`): a row per entity and feature, an entity's latest row winning, and none older
+        than what the table holds, as Redis's guarded write keeps the newer (a materialization writes an entity's
+        rows of several batches in any order; a push may be older than what is stored). An entity whose latest row
+        has no vector leaves the index (its value in Redis is null now: a hit would find a vector the store no
+        longer serves), unless the table holds a newer one. Returns the entities written. `bulk` (a load): the
+        HNSW index is left to `seal`, which builds it once over every row (pgvector's advice for a load: faster
+        than growing it row by row)."""
         import datetime as dt
 
         import psycopg
@@ -187,9 +213,13 @@ class PgVectorIndex(VectorEngine):
 
         vectors = list(view.vector_features)
         join_keys = sorted(view.entity.join_keys)
-        last = {tuple(columns[k][i] for k in join_keys): i for i in range(len(event_ms))}
+        last: dict[tuple, int] = {}  # per entity its latest row (of equal times, the later one)
+        for i in range(len(event_ms)):
+            key = tuple(columns[k][i] for k in join_keys)
+            if key not in last or event_ms[i] >= event_ms[last[key]]:
+                last[key] = i
         rows = [i for i in last.values() if all(columns[v][i] is not None for v in vectors)]
-        gone = [key for key, i in last.items() if any(columns[v][i] is None for v in vectors)]
+        gone = {key: i for key, i in last.items() if any(columns[v][i] is None for v in vectors)}
         if not rows and not gone:
             return 0
         kinds = {**view.entity.join_keys, **view.output_schema()}
@@ -203,16 +233,12 @@ class PgVectorIndex(VectorEngine):
         features = view.feature_names  # a property that builds its list: once, not per write
         table = self._table(view)
         try:
-            if rows and bulk:
+            if rows:
                 self._load(view, table, keys, whens, {name: protos[name] for name in features}, plain)
-            with self._lock:
-                if rows and not bulk:
-                    data = [(key, {name: protos[name][n] for name in features}, when, None)
-                            for n, (key, when) in enumerate(zip(keys, whens))]
-                    self._store.online_write_batch(self._write_config(vector_kind(view)),
-                                                   self._feast_view(view.name), data, None)
-                if gone:
-                    self._delete(view, table, gone)
+            if gone:
+                self._delete(view, table, list(gone),
+                             [dt.datetime.fromtimestamp(int(event_ms[i]) / 1000, dt.timezone.utc)
+                              for i in gone.values()])
         except psycopg.errors.DataException as exc:
             raise VectorSearchError(f"`{view.name}` rows refused by PostgreSQL ({exc}): its vectors must have "
                                     f"{vector_kind(view).dim} numbers") from exc
@@ -223,8 +249,9 @@ class PgVectorIndex(VectorEngine):
     def _load(self, view: FeatureView, table: str, keys: list, whens: list, protos: Mapping[str, list],
               plain: Mapping[str, list]) -> None:
         """The rows Feast's `online_write_batch` writes (same columns, same bytes), loaded by binary COPY into a
-        temporary table and merged into the view's table by one INSERT ... ON CONFLICT: Feast's writer sends an
-        INSERT per entity and feature and formats every vector as text."""
+        temporary table and merged into the view's table by one INSERT ... ON CONFLICT that keeps a stored row
+        newer than the loaded one: Feast's writer sends an INSERT per entity and feature, formats every vector as
+        text, and replaces whatever is stored."""
         from feast.infra.key_encoding_utils import get_list_val_str, serialize_entity_key
         from feast.infra.online_stores.helpers import extract_text_and_num
         from pgvector import Vector as PgVector
@@ -260,7 +287,8 @@ class PgVectorIndex(VectorEngine):
                             del row[4]
                         copy.write_row(row)
             conn.execute(f"INSERT INTO {_identifier(table)} ({names}) SELECT {names} FROM featurectl_load "
-                         f"ON CONFLICT (entity_key, feature_name) DO UPDATE SET {updates}")
+                         f"ON CONFLICT (entity_key, feature_name) DO UPDATE SET {updates} "
+                         f"WHERE {_identifier(table)}.event_ts <= EXCLUDED.event_ts")
 
     def _has_value_num(self, table: str) -> bool:
         """Whether the table has Feast's optional `value_num` column (made with `enable_openai_compatible_store`),
@@ -271,8 +299,9 @@ class PgVectorIndex(VectorEngine):
                 "AND column_name = 'value_num'", (table,)).fetchone() is not None
         return self._value_num[table]
 
-    def _delete(self, view: FeatureView, table: str, keys: Sequence[tuple]) -> None:
-        """Remove entities (join key values in sorted key order) from the view's table."""
+    def _delete(self, view: FeatureView, table: str, keys: Sequence[tuple], whens: Sequence[Any]) -> None:
+        """Remove entities (join key values in sorted key order) from the view's table, each unless it holds a
+        row newer than its time in `whens`."""
         from feast.infra.key_encoding_utils import serialize_entity_key
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.type_map import python_values_to_proto_values
@@ -283,7 +312,10 @@ class PgVectorIndex(VectorEngine):
         version = self._write_config(vector_kind(view)).entity_key_serialization_version
         serialized = [serialize_entity_key(EntityKey(join_keys=join_keys, entity_values=[v[n] for v in values]),
                                            entity_key_serialization_version=version) for n in range(len(keys))]
-        self.connection().execute(f"DELETE FROM {_identifier(table)} WHERE entity_key = ANY(%s)", [serialized])
+        self.connection().execute(
+            f"DELETE FROM {_identifier(table)} AS t USING (SELECT unnest(%s::bytea[]) AS k, "
+            "unnest(%s::timestamptz[]) AS ts) AS g WHERE t.entity_key = g.k AND NOT EXISTS (SELECT 1 FROM "
+            f"{_identifier(table)} AS n WHERE n.entity_key = g.k AND n.event_ts > g.ts)", [serialized, list(whens)])
 
     def seal(self, view: FeatureView) -> None:
         """After a bulk load: build the view's HNSW indexes if missing (an existing one grew with the rows)."""
@@ -326,7 +358,14 @@ class PgVectorIndex(VectorEngine):
             sql = (f"WITH scanned AS MATERIALIZED (SELECT entity_key, vector_value {operator} %(q)s::vector AS d "
                    f"FROM {vectors} AND {' AND '.join(kept)}) "
                    "SELECT entity_key, d FROM scanned ORDER BY d LIMIT %(k)s")
-        rows = self.connection().execute(sql, params, prepare=True).fetchall()
+        conn = self.connection()
+        ef_search = int(self.search_params.get("ef_search", 40))  # pgvector's default
+        if filters or k <= ef_search:
+            rows = conn.execute(sql, params, prepare=True).fetchall()
+        else:  # an HNSW walk returns at most ef_search rows: widen it to k for this search
+            with conn.transaction():
+                conn.execute(f"SET LOCAL hnsw.ef_search = {int(k)}")
+                rows = conn.execute(sql, params, prepare=True).fetchall()
         return [(bytes(key).hex(), distance(float(d))) for key, d in rows]
 
     def drop(self, collection: str) -> None:

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
 from dsl.types import FLOAT32_MAX, Vector
 from redis_store.layout import KeyEncoder
 from serving.catalog import Catalog, ViewSpec
@@ -90,8 +92,13 @@ def plan_search(catalog: Catalog, reference: str, vector: Any, k: int,
 def query_vector(vector: Any, kind: Vector) -> list[float]:
     """The query as `kind.dim` finite floats; a query of another dimension is a clear error."""
     values = vector.tolist() if hasattr(vector, "tolist") else vector
+    if isinstance(values, (list, tuple)):  # numpy scalars (np.float32, np.int64) as the numbers they hold
+        values = [v.item() if isinstance(v, np.generic) else v for v in values]
     if not isinstance(values, (list, tuple)) or not all(type(v) in (int, float) for v in values):
-        raise VectorSearchError(f"the query must be a list of {kind.dim} numbers, got {type(vector).__name__}")
+        bad = next((v for v in values if type(v) not in (int, float)), None) if isinstance(values, (list, tuple)) \
+            else None
+        what = f"a list holding {type(bad).__name__} {bad!r}" if bad is not None else type(vector).__name__
+        raise VectorSearchError(f"the query must be a list of {kind.dim} numbers, got {what}")
     if len(values) != kind.dim:
         raise VectorSearchError(f"the query has {len(values)} numbers but the feature is a {kind.value}: "
                                 f"give {kind.dim}")
@@ -104,6 +111,8 @@ def query_vector(vector: Any, kind: Vector) -> list[float]:
     if any(abs(v) > FLOAT32_MAX for v in floats):
         raise VectorSearchError(f"the query holds a number beyond float32's range (+-{FLOAT32_MAX:.4g}), which the "
                                 f"index cannot hold: give numbers a {kind.value} can")
+    if kind.metric == "COSINE" and not any(floats):
+        raise VectorSearchError("the query is all zeros, which has no direction for COSINE: give a nonzero vector")
     return floats
 
 

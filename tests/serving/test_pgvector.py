@@ -113,14 +113,17 @@ def test_a_vector_of_another_dimension_is_refused(tmp_path, local_services, post
 
 
 def test_a_bulk_load_writes_the_rows_feasts_writer_writes(tmp_path, local_services, postgres_uri):
-    """A materialization's binary COPY against Feast's own `online_write_batch` (the push path) on the same rows:
-    every column of every row equal, text that COPY would have to escape, integer vectors and a null vector (its
-    entity left out) among them."""
+    """Our binary COPY against Feast's own `online_write_batch` on the same rows: every column of every row equal,
+    text that COPY would have to escape, integer vectors and a null vector (its entity left out) among them."""
+    import datetime as dt
+
     import psycopg
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.type_map import python_values_to_proto_values
 
     from common.config import load_config
     from dsl.repo import load_repo
-    from serving.vector_common import open_index
+    from serving.vector_common import open_index, vector_kind
 
     repo, _ = vector_env.make_vector_repo(tmp_path, f"pgvb{time.time_ns() % 10**9}", DIM,
                                           {"vectors": {"engine": "pgvector", "uri": postgres_uri}})
@@ -134,15 +137,63 @@ def test_a_bulk_load_writes_the_rows_feasts_writer_writes(tmp_path, local_servic
     event_ms = [1_700_000_000_123 + 1000 * i for i in range(50)]
     index = open_index(load_config(repo))
     table = f"{load_config(repo).project}_asset_shape"
+
+    def feasts_writer():
+        kept = [i for i in range(50) if vectors[i] is not None]
+        kinds = {**view.entity.join_keys, **view.output_schema()}
+        protos = {name: python_values_to_proto_values(
+            [[float(x) for x in columns[name][i]] if name == "embedding" else columns[name][i] for i in kept],
+            kind.feast_value_type()) for name, kind in kinds.items()}
+        data = [(EntityKey(join_keys=["asset_id"], entity_values=[protos["asset_id"][n]]),
+                 {name: protos[name][n] for name in view.feature_names},
+                 dt.datetime.fromtimestamp(event_ms[i] / 1000, dt.timezone.utc), None) for n, i in enumerate(kept)]
+        index._table(view)
+        index._store.online_write_batch(index.feast_repo_config(vector_kind(view)), index._feast_view(view.name),
+                                        data, None)
+
     dumped = []
-    for bulk in (False, True):
-        assert index.write(view, columns, event_ms, bulk=bulk) == 49
+    for write in (feasts_writer, lambda: index.write(view, columns, event_ms, bulk=True),
+                  lambda: index.write(view, columns, event_ms)):
+        write()
         with psycopg.connect(postgres_uri) as conn:
             dumped.append(conn.execute(f'SELECT entity_key, feature_name, value, value_text, vector_value::text, '
                                        f'event_ts, created_ts FROM "{table}" ORDER BY 1, 2').fetchall())
         index.drop(table)
     assert len(dumped[0]) == 49 * 3
-    assert dumped[1] == dumped[0]
+    assert dumped[1] == dumped[0] and dumped[2] == dumped[0]
+
+
+def test_an_older_row_never_replaces_a_newer_one_and_k_past_ef_search_is_served(tmp_path, local_services,
+                                                                                postgres_uri):
+    """Rows of one entity come in any order (a materialization's batches, a late push): the index keeps the newest,
+    as Redis does, and a row without a vector removes the entity only when it is the newest. Without filters an
+    HNSW walk returns at most ef_search (64) rows: a larger k is served whole."""
+    from common.config import load_config
+    from dsl.repo import load_repo
+    from serving.vector_common import open_index, vector_kind
+
+    repo, _ = vector_env.make_vector_repo(tmp_path, f"pgvo{time.time_ns() % 10**9}", DIM,
+                                          {"vectors": {"engine": "pgvector", "uri": postgres_uri}})
+    view = next(v for v in load_repo(repo).views if v.name == "asset_shape")
+    index = open_index(load_config(repo))
+    table = f"{load_config(repo).project}_asset_shape"
+    rng = np.random.default_rng(4)
+    new, old = rng.normal(size=(ROWS, DIM)).tolist(), rng.normal(size=(ROWS, DIM)).tolist()
+    ids = [f"o{i}" for i in range(ROWS)]
+    rows = lambda vectors: {"asset_id": ids, "category": ["x"] * ROWS, "faces": [1] * ROWS,  # noqa: E731
+                            "embedding": vectors}
+    t = 1_700_000_000_000
+    index.write(view, rows(new), [t] * ROWS, bulk=True)
+    index.seal(view)
+    index.write(view, rows(old), [t - 1000] * ROWS, bulk=True)             # an earlier batch, written after
+    index.write(view, rows(old[:1] + [None] * (ROWS - 1)), [t - 1000] * ROWS)  # older rows, one without a vector
+    kind = vector_kind(view)
+    for i in (0, 1, ROWS - 1):
+        (hit, distance), *_ = index.search(table, "embedding", kind, new[i], 1)
+        assert distance == pytest.approx(0.0, abs=1e-6), i
+    assert len(index.search(table, "embedding", kind, new[0], 150)) == 150
+    index.write(view, rows([None] * ROWS), [t + 1000] * ROWS)               # newer, without vectors: gone
+    assert index.search(table, "embedding", kind, new[0], 10) == []
 
 
 def test_materialize_fills_the_index_and_feast_reads_it(tmp_path, local_services, postgres_uri):
@@ -213,3 +264,45 @@ def test_the_embedded_server_is_shared_and_stopped_by_services_down(tmp_path, lo
         assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         pass
+
+
+def test_the_last_process_to_exit_stops_the_server_though_one_before_it_was_killed(tmp_path):
+    """A process killed while it held the embedded server (no exit handler ran) leaves its pid in pgserver's list;
+    the next process of the repo drops it, so its normal exit, the last, stops the server."""
+    import signal
+
+    import psutil
+    import yaml
+
+    from cli_helpers import ROOT
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    settings = yaml.safe_load((ROOT / "feature_repo" / "feature_store.yaml").read_text())
+    settings["platform"] = {"data_dir": str(tmp_path / "data"), "state_dir": str(tmp_path / "state")}
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    open_it = ("import sys, time; from common.config import load_config; "
+               "from serving.pgvector_index import embedded_server; "
+               "print(embedded_server(load_config(sys.argv[1])).get_pid(), flush=True); time.sleep(float(sys.argv[2]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    held = subprocess.Popen([sys.executable, "-c", open_it, str(repo), "600"], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    pid = int(held.stdout.readline())
+    held.send_signal(signal.SIGKILL)
+    held.wait()
+    try:
+        assert psutil.Process(pid).is_running()                 # nobody stopped it: the killed one never could
+        last = subprocess.run([sys.executable, "-c", open_it, str(repo), "0"], capture_output=True, text=True,
+                              env=env)
+        assert last.returncode == 0 and last.stdout.split() == [str(pid)], last.stderr
+        deadline = time.time() + 20
+        while time.time() < deadline and psutil.pid_exists(pid) and \
+                psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.2)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        from common.config import load_config
+        from serving.pgvector_index import stop_embedded
+
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            stop_embedded(load_config(repo))

@@ -16,7 +16,7 @@ from dsl.compile_flink import source_path
 from dsl.entity import Entity
 from dsl.feature_view import FeatureView
 from dsl.repo import Repository, load_repo
-from dsl.types import ValueType
+from featurectl.params import join_key_value
 
 
 class DeleteError(FeaturectlError, ValueError):
@@ -34,15 +34,6 @@ def _parse_entity(pairs: tuple[str, ...]) -> dict[str, str]:
     return given
 
 
-def _typed(value: str, kind: ValueType, name: str) -> Any:
-    if kind is ValueType.STRING:
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise DeleteError(f"join key `{name}` is {kind.name}: `{value}` is not a whole number") from None
-
-
 def _matching_views(repo: Repository, given: dict[str, str]) -> dict[str, tuple[Entity, dict, list[FeatureView]]]:
     """Per entity whose join keys include every given one: the entity, the given values typed as its keys, and its
     views."""
@@ -54,7 +45,7 @@ def _matching_views(repo: Repository, given: dict[str, str]) -> dict[str, tuple[
     out = {}
     for entity in repo.entities:
         if set(given) <= set(entity.join_keys):
-            typed = {k: _typed(v, entity.join_keys[k], k) for k, v in given.items()}
+            typed = {k: join_key_value(v, entity.join_keys[k], k) for k, v in given.items()}
             out[entity.name] = (entity, typed, [v for v in repo.views if v.entity.name == entity.name])
     if not out:
         raise DeleteError(f"no entity of this project has all of the join keys {', '.join(sorted(given))}: "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
+from common.errors import FeaturectlError
 from common.instants import InstantError, parse_instant
+from dsl.types import ValueType
 
 
 class Instant(click.ParamType):
@@ -25,3 +27,14 @@ class Instant(click.ParamType):
 
 
 INSTANT = Instant()
+
+
+def join_key_value(value: str, kind: ValueType, name: str) -> Any:
+    """A join key's value as the command line gives it (text), typed as the key: a whole number for an integer
+    key."""
+    if kind is ValueType.STRING:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise FeaturectlError(f"join key `{name}` is {kind.name}: `{value}` is not a whole number") from None

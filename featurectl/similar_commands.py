@@ -9,6 +9,7 @@ from typing import Any, Optional
 import click
 
 from common.errors import FeaturectlError
+from featurectl.params import join_key_value
 
 
 def _vector_feature(catalog: Any, view_name: Optional[str]) -> tuple[Any, str]:
@@ -26,18 +27,6 @@ def _vector_feature(catalog: Any, view_name: Optional[str]) -> tuple[Any, str]:
     return candidates[0]
 
 
-def _typed_id(entity_id: str, key: str, kind: Any) -> Any:
-    """The id typed as its join key (the command line gives text): an integer key takes a whole number."""
-    from dsl.types import ValueType
-
-    if kind in (ValueType.INT64, ValueType.INT32):
-        try:
-            return int(entity_id)
-        except ValueError:
-            raise FeaturectlError(f"join key `{key}` is {kind.value}: `{entity_id}` is not a whole number") from None
-    return entity_id
-
-
 @click.command()
 @click.argument("entity_id")
 @click.option("-k", "k", default=10, show_default=True, help="how many neighbours")
@@ -51,7 +40,7 @@ def similar(ctx, entity_id: str, k: int, view_name: Optional[str]) -> None:
     with OnlineClient(cfg.feast_repo_config()) as client:
         view, feature = _vector_feature(client.registry.catalog, view_name)
         (key, kind), = view.join_keys
-        entity = _typed_id(entity_id, key, kind)
+        entity = join_key_value(entity_id, kind, key)
         reference = f"{view.name}:{feature}"
         vector = client.get_features([reference], [{key: entity}])[feature][0]
         if vector is None:

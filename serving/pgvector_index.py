@@ -162,7 +162,8 @@ class PgVectorIndex(VectorEngine):
                           entity_key_serialization_version=raw.entity_key_serialization_version)
 
     def _write_config(self, kind: Vector):
-        """`feast_repo_config(kind)`, built once: every write hands it to Feast's store, and a push writes often."""
+        """`feast_repo_config(kind)`, built once: every write reads its entity-key serialization version, and a
+        push writes often."""
         config = self._write_configs.get(kind)
         if config is None:
             config = self._write_configs[kind] = self.feast_repo_config(kind)

@@ -22,6 +22,11 @@ class FlinkSetupError(FeaturectlError, RuntimeError):
     """Flink cannot start as configured; the message names the missing piece."""
 
 
+# where PyFlink's local mini-cluster listens, set to loopback (Flink's defaults bind some of them to every interface)
+LOOPBACK_KEYS = ("rest.address", "rest.bind-address", "jobmanager.rpc.address", "jobmanager.bind-host",
+                 "taskmanager.bind-host", "taskmanager.host")
+
+
 def jar_dir(kind: str = "flink") -> Path:
     root = Path(os.environ.get("FEATURECTL_JARS", Path.home() / ".cache" / "featurectl" / "jars"))
     return root / kind
@@ -49,6 +54,9 @@ def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = Non
         rest = FlinkRest(jobmanager)
         rest.check()
     settings = EnvironmentSettings.in_streaming_mode() if streaming else EnvironmentSettings.in_batch_mode()
+    # PyFlink starts a gRPC server for Python UDF workers on every interface when it targets its local
+    # mini-cluster; our jobs run Java functions only, so it is never used: 'process' mode skips starting it
+    os.environ["_python_worker_execution_mode"] = "process"
     env = TableEnvironment.create(settings)
     conf = env.get_config()
     conf.set("table.local-time-zone", "UTC")
@@ -60,6 +68,9 @@ def create_table_env(streaming: bool, options: Optional[Mapping[str, str]] = Non
         conf.set("execution.target", "remote")
         conf.set("rest.address", host)
         conf.set("rest.port", port)
+    else:  # the mini-cluster's REST API (it can cancel jobs), RPC and blob ports: this host only
+        for key in LOOPBACK_KEYS:
+            conf.set(key, "127.0.0.1")
     for key, value in (options or {}).items():
         conf.set(key, value)
     return env

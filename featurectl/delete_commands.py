@@ -27,9 +27,12 @@ def _parse_entity(pairs: tuple[str, ...]) -> dict[str, str]:
     given: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep or not name or name in given:
+        if not sep or not name:
             raise DeleteError(f"`--entity {pair}` is not NAME=VALUE (once per join key): write e.g. "
                               "--entity asset_id=a1")
+        if name in given:
+            raise DeleteError(f"join key `{name}` is given twice (`{name}={given[name]}`, `{pair}`): one entity per "
+                              "command, each of its join keys once")
         given[name] = value
     return given
 

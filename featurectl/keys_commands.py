@@ -35,9 +35,37 @@ def create(ctx, name: str, services: tuple[str, ...], pushes: tuple[str, ...], r
            tokens_per_minute: int) -> None:
     """Create a key (at least one --service or --push); its secret is printed once and never stored."""
     key, token = _store(ctx).create(name, list(services), requests_per_minute, tokens_per_minute, list(pushes))
+    _warn_unknown(ctx, services, pushes)
     click.echo(f"created key {key.key_id} ({name}); send it as `Authorization: Bearer <key>`. "
                "It is shown once:")
     click.echo(token)
+
+
+def _warn_unknown(ctx, services: tuple[str, ...], pushes: tuple[str, ...]) -> None:
+    """Name the grants this repo defines nothing for (a typo gives a key that every request is refused with): a
+    warning, since a service registered with Feast's SDK, or defined later, is a valid grant."""
+    import difflib
+
+    from common.errors import FeaturectlError
+    from dsl.repo import load_repo
+    from serving.push_targets import PushTargets
+
+    try:
+        repo = load_repo(ctx.config().repo_path)
+    except FeaturectlError:
+        return  # definitions that do not load: `apply` says why; the key stands as asked
+    targets = PushTargets(repo)
+    known = {"feature service": sorted(s.name for s in repo.services),
+             "push source": sorted([*targets.sources, *targets.views])}
+    for kind, names in (("feature service", services), ("push source", pushes)):
+        for granted in names:
+            if granted == "*" or granted in known[kind]:
+                continue
+            close = difflib.get_close_matches(granted, known[kind], 1)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            click.echo(f"warning: this repo defines no {kind} `{granted}`{hint}; defined: "
+                       f"{', '.join(known[kind]) or 'none'}. The key is refused (403) for it until one by that name "
+                       "is registered", err=True)
 
 
 @keys.command("list")

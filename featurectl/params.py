@@ -35,6 +35,11 @@ def join_key_value(value: str, kind: ValueType, name: str) -> Any:
     if kind is ValueType.STRING:
         return value
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise FeaturectlError(f"join key `{name}` is {kind.name}: `{value}` is not a whole number") from None
+    bits = 32 if kind is ValueType.INT32 else 64
+    if not -2 ** (bits - 1) <= number < 2 ** (bits - 1):
+        raise FeaturectlError(f"join key `{name}` is {kind.name}: `{value}` is out of its range "
+                              f"[{-2 ** (bits - 1)}, {2 ** (bits - 1) - 1}]")
+    return number

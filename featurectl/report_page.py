@@ -28,6 +28,9 @@ from redis_store.freshness_history import GAP_MS, FreshnessSample
 
 DPI = 100
 MIN_AGE_S = 1.0  # the age axis is logarithmic: ages below a second (or ahead of the clock) are drawn at 1 s
+# a line straight on the log axis between two ages understates the linear growth between them; points no more
+# than this ratio apart keep the understatement under 1 %
+AGE_STEP = 1.25
 PSI_BANDS = ((0.1, "moderate"), (0.25, "large"))
 TOP_BACKFILLS = 10
 
@@ -82,20 +85,27 @@ def _time(ms: int) -> dt.datetime:
 
 def age_line(samples: Sequence[tuple[int, int]], now_ms: int) -> tuple[list[dt.datetime], list[float]]:
     """The age of a view's newest value (s) from (sampled at ms, newest event time ms) pairs, oldest first: it
-    drops at each sample and grows with the clock until the next one, then to `now_ms`."""
+    drops at each sample and grows with the clock until the next one, then to `now_ms`. Between two samples the
+    age grows linearly, a curve on the log axis: it is drawn through points at most `AGE_STEP` apart."""
     times, ages = [], []
     for i, (at_ms, newest) in enumerate(samples):
         until = samples[i + 1][0] if i + 1 < len(samples) else now_ms
-        for t in (at_ms, until):
-            times.append(_time(t))
-            ages.append(max((t - newest) / 1000, MIN_AGE_S))
+        first, last = max((at_ms - newest) / 1000, MIN_AGE_S), max((until - newest) / 1000, MIN_AGE_S)
+        steps = 1
+        while last > first * AGE_STEP ** steps:
+            steps += 1
+        for k in range(steps + 1):
+            age = first * (last / first) ** (k / steps)
+            times.append(_time(at_ms if k == 0 else until if k == steps else newest + round(age * 1000)))
+            ages.append(age)
     return times, ages
 
 
 def _view_samples(data: ReportData, view: str) -> list[tuple[int, int]]:
-    """The view's samples, ended by the record now when it is newer than the last one: a raise the history left out
-    came within `GAP_MS` of its last sample (a later one would have been sampled), so it is placed there; with no
-    sample at all (a record older than its history), at now."""
+    """The view's samples, ended by the record now when it is newer than the last one (each raise updates the
+    history's last entry, so only a history written before that rule, or cut short, leaves one out: it came within
+    `GAP_MS` of the last sample, so it is placed there); with no sample at all (a record older than its history), at
+    now."""
     samples = [(s.at_ms, s.newest_ms[view]) for s in data.history if view in s.newest_ms]
     now_ms = int(data.now.timestamp() * 1000)
     newest = data.newest_ms.get(view)
@@ -107,7 +117,7 @@ def _view_samples(data: ReportData, view: str) -> list[tuple[int, int]]:
 
 def freshness_section(data: ReportData) -> Section:
     source = ("Age of each view's newest value in Redis over time: the freshness record's history in Redis (a "
-              "sample each time a writer raised a view's newest event time, at most one per 5 s), up to now. "
+              "sample each time a writer raised a view's newest event time, one per 5 s window), up to now. "
               "Dashed: the view's ttl.")
     now_ms = int(data.now.timestamp() * 1000)
     lines = {v.name: _view_samples(data, v.name) for v in data.views}

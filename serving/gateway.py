@@ -84,8 +84,8 @@ class Gateway:
         return key
 
     def admit(self, key: ApiKey, service: Optional[str], kind: str, cost: int) -> Optional[Refusal]:
-        """None when the key may read `service` (None: a feature list) and its `kind` budget covers `cost`;
-        the usage is counted either way."""
+        """None when the key may read `service` (None: a feature list) and its `kind` budget covers `cost`. A granted
+        request is counted either way (as a request, or as throttled); a refused grant is not."""
         if not key.may_read(service):
             what = f"feature service `{service}`" if service else "free feature lists (they need the `*` grant)"
             return Refusal(403, "forbidden", f"key `{key.key_id}` has no access to {what}; it may read "

@@ -197,6 +197,10 @@ def test_delete_an_entity_then_teardown_the_project(tmp_path, local_services):
     assert wrong.returncode == 1 and "no entity of this project has join key asset_id" in wrong.stderr
     wrong = featurectl("--repo", str(repo), "delete", "--entity", "player_id=seven", "--yes")
     assert wrong.returncode == 1 and "`seven` is not a whole number" in wrong.stderr
+    wrong = featurectl("--repo", str(repo), "delete", "--entity", f"player_id={2**63}", "--yes")
+    assert wrong.returncode == 1 and "is out of its range" in wrong.stderr and "Traceback" not in wrong.stderr
+    wrong = featurectl("--repo", str(repo), "delete", "--entity", "item=a", "--entity", "item=b", "--yes")
+    assert wrong.returncode == 1 and "join key `item` is given twice" in wrong.stderr
 
     mine = project_keys(repo).create("mine", ["*"], 10, 10)[0]
     other = project_keys(_repo(tmp_path, project + "x")).create("other", ["*"], 10, 10)[0]

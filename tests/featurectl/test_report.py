@@ -209,11 +209,24 @@ def test_redis_and_a_server_away_are_named_and_the_page_is_written(project, tmp_
 
 def test_the_age_drops_at_each_sample_and_grows_with_the_clock_until_the_next():
     from common.feature_profile import FeatureProfile
-    from featurectl.report_page import MIN_AGE_S, age_line, bin_labels
+    from featurectl.report_page import AGE_STEP, MIN_AGE_S, age_line, bin_labels
 
-    times, ages = age_line([(1_000, 0), (5_000, 4_000), (8_000, 9_000)], now_ms=10_000)
-    assert [t.timestamp() for t in times] == [1, 5, 5, 8, 8, 10]
-    assert ages == [1, 5, 1, 4, MIN_AGE_S, MIN_AGE_S]  # an event time ahead of the clock: drawn at the floor
+    samples = [(1_000, 0), (5_000, 4_000), (8_000, 9_000)]
+    times, ages = age_line(samples, now_ms=10_000)
+    seconds = [t.timestamp() for t in times]
+    # each segment starts at its sample and ends at the next one (or now); points between grow by at most AGE_STEP
+    starts = [i for i in range(len(seconds)) if i == 0 or seconds[i] == seconds[i - 1]]
+    assert [seconds[i] for i in starts] == [1, 5, 8] and seconds[-1] == 10
+    assert [ages[i] for i in starts] == [1, 1, MIN_AGE_S]  # an event time ahead of the clock: drawn at the floor
+    assert [ages[i - 1] for i in starts[1:]] + [ages[-1]] == [5, 4, MIN_AGE_S]
+    ends = {i - 1 for i in starts[1:]} | {len(ages) - 1}
+    for i in range(1, len(ages)):
+        if i not in starts:
+            assert ages[i - 1] <= ages[i] <= ages[i - 1] * AGE_STEP * (1 + 1e-9)
+        if i not in starts and i not in ends:  # points between samples lie on the true, linear age
+            newest = next(n for at, n in reversed(samples) if at <= seconds[i] * 1000)
+            assert abs(ages[i] - max(seconds[i] - newest / 1000, MIN_AGE_S)) < 1e-3
+    assert len(ages) > 6, "the segments that grow on the log axis get points between their samples"
     assert bin_labels(FeatureProfile("numeric", (0.2, 0.3, 0.5), cuts=(1.0, 2.5))) == ["<= 1", "(1, 2.5]", "> 2.5"]
     assert bin_labels(FeatureProfile("categorical", (0.6, 0.4), categories=("chair",))) == ["chair", "other"]
 

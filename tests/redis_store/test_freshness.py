@@ -1,7 +1,7 @@
 """The freshness record against the real Redis: it only moves forward, per view, whoever writes it; it can be
 forgotten per view or whole; entity scans of the project never meet it. Its history: a sample of the whole record
-each time a view's time moves (at most one per `GAP_MS`, Redis's clock), none when nothing moved, in the record's
-slot, forgotten with the project's record."""
+each time a view's time moves (one per `GAP_MS` window, Redis's clock: a raise inside the window replaces its
+sample), none when nothing moved, in the record's slot, forgotten with the project's record."""
 
 from __future__ import annotations
 
@@ -67,17 +67,29 @@ def test_a_raised_record_is_sampled_whole_at_most_once_per_gap(record):
     assert freshness_history.read_history(settings, project) == []
     before = int(time.time() * 1000)
     freshness.record_newest(settings, project, {"a": T, "b": T - 5})
-    freshness.record_newest(settings, project, {"a": T + 1})  # within the gap: left out
+    [opened] = freshness_history.read_history(settings, project)
+    assert opened.newest_ms == {"a": T, "b": T - 5}
+    assert before - 1_000 <= opened.at_ms <= int(time.time() * 1000) + 1_000
+    freshness.record_newest(settings, project, {"a": T + 1})  # within the gap: the window's sample, replaced
     freshness.record_newest(settings, project, {"a": T - 60_000})  # moves nothing
     [first] = freshness_history.read_history(settings, project)
-    assert first.newest_ms == {"a": T, "b": T - 5}
-    assert before - 1_000 <= first.at_ms <= int(time.time() * 1000) + 1_000
+    assert first.newest_ms == {"a": T + 1, "b": T - 5}
+    assert opened.at_ms <= first.at_ms <= int(time.time() * 1000) + 1_000
     time.sleep(freshness_history.GAP_MS / 1000)
     freshness.record_newest(settings, project, {"b": T - 5})  # moves nothing: no sample, however late
     assert len(freshness_history.read_history(settings, project)) == 1
     freshness.record_newest(settings, project, {"b": T})
     samples = freshness_history.read_history(settings, project)
-    assert [s.newest_ms for s in samples] == [{"a": T, "b": T - 5}, {"a": T + 1, "b": T}]
-    assert samples[1].at_ms - samples[0].at_ms >= freshness_history.GAP_MS
+    assert [s.newest_ms for s in samples] == [{"a": T + 1, "b": T - 5}, {"a": T + 1, "b": T}]
+    assert samples[1].at_ms - opened.at_ms >= freshness_history.GAP_MS
     freshness.forget_newest(settings, project)
     assert not client.exists(freshness_history.history_key(project))
+
+
+def test_views_raised_one_after_the_other_share_one_sample(record):
+    """A materialize raises its views one call each, milliseconds apart: the window's sample holds them all."""
+    settings, project, _ = record
+    for i, view in enumerate(("v1", "v2", "v3")):
+        freshness.record_newest(settings, project, {view: T + i})
+    [sample] = freshness_history.read_history(settings, project)
+    assert sample.newest_ms == {"v1": T, "v2": T + 1, "v3": T + 2}

@@ -175,6 +175,12 @@ def test_keys_cli_round_trip(tmp_path):
     assert pusher.returncode == 0, pusher.stderr
     listed = featurectl("--registry", registry, "keys", "list").stdout
     assert "ingest" in listed and "services= push=asset_interactions" in listed
+    assert "warning" not in created.stderr + pusher.stderr
+    typo = featurectl("--registry", registry, "keys", "create", "typo", "--service", "asset_rankin",
+                      "--push", "asset_interaction")
+    assert typo.returncode == 0, typo.stderr  # a service registered with Feast's SDK, or added later, is valid
+    assert "no feature service `asset_rankin` (did you mean `asset_ranking`?)" in typo.stderr
+    assert "no push source `asset_interaction` (did you mean `asset_interactions`?)" in typo.stderr
 
 
 def test_token_bucket_gives_back_what_a_refused_request_spent():

@@ -355,7 +355,7 @@ def _platform_settings(repo_path: Path, platform: Any) -> PlatformSettings:
         return PlatformSettings(**platform)
     except ValidationError as exc:
         wrong = "; ".join(_setting_error(error) for error in exc.errors())
-        raise ConfigError(f"{repo_path}/feature_store.yaml: {wrong}. Fix the value, or remove the setting for its "
+        raise ConfigError(f"{repo_path}/feature_store.yaml: {wrong}. Fix each one, or remove it for its "
                           "default") from None
 
 

@@ -35,7 +35,7 @@ def test_wrong_settings_are_named_with_what_is_wrong(tmp_path):
     assert "platform.serving.monitoring: input should be a valid boolean" in message and "got 'sometimes'" in message
     assert "platform.serving.montoring is not a setting (check its spelling and section)" in message
     assert "platform.http.max_headers: input should be greater than or equal to 8, got 2" in message
-    assert message.endswith("Fix the value, or remove the setting for its default")
+    assert message.endswith("Fix each one, or remove it for its default")
 
 
 def test_a_platform_section_that_is_not_a_mapping_is_refused(tmp_path):

@@ -33,6 +33,7 @@ from batch.redis_writer import CheckedChunkWriter, RowCommands
 from common.errors import FeaturectlError
 from common.instants import as_utc
 from common.storage import Storage, as_storage
+from dsl.assets import AssetSource
 from dsl.compile_feast import EVENT_TIMESTAMP
 from dsl.feature_view import FeatureView
 from redis_store import columns, dump, freshness, layout
@@ -65,8 +66,10 @@ def _scan(path: Path | Storage, view: FeatureView, start: datetime, end: datetim
           batch_rows: int) -> Iterator[pa.RecordBatch]:
     dataset = as_storage(path).dataset()
     if dataset is None:
-        raise MaterializeError(f"feature view `{view.name}` has no offline table at {path}: "
-                               f"run `featurectl backfill` for it first")
+        fill = (f"featurectl assets process --source {view.source.name}" if isinstance(view.source, AssetSource)
+                else "featurectl backfill")
+        raise MaterializeError(f"feature view `{view.name}` has no offline table at {path}: run `{fill}` for it "
+                               "first")
     columns = [*view.entity.join_keys, EVENT_TIMESTAMP, *view.output_schema()]
     missing = [c for c in columns if c not in dataset.schema.names]
     if missing:

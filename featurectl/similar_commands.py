@@ -35,7 +35,10 @@ def _vector_feature(catalog: Any, view_name: Optional[str]) -> tuple[Any, str]:
 def similar(ctx, entity_id: str, k: int, view_name: Optional[str]) -> None:
     """The K entities (e.g. assets) whose vector feature is nearest to ENTITY_ID's."""
     from serving.client import OnlineClient
+    from serving.search import MAX_K
 
+    if not 1 <= k < MAX_K:  # the search asks for one more: the entity itself, left out
+        raise click.BadParameter(f"{k} is not an int from 1 to {MAX_K - 1}", param_hint="-k")
     cfg = ctx.config()
     with OnlineClient(cfg.feast_repo_config()) as client:
         view, feature = _vector_feature(client.registry.catalog, view_name)

@@ -48,7 +48,7 @@ def _derive(row: dict, descriptor: ShapeDescriptor) -> dict:
     if out["sha256"] == row["known_sha256"]:
         return {**out, "status": UNCHANGED}
     try:
-        features = mesh_features(decode_mesh(data, path.suffix.lstrip(".").lower()), descriptor)
+        features = mesh_features(decode_mesh(data, path.suffix.lstrip(".").lower(), path), descriptor)
     except MeshDecodeError as exc:
         return {**out, "status": FAILED, "reason": str(exc)}
     if not np.isfinite(features.embedding).all():

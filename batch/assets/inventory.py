@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,7 +55,8 @@ def list_assets(source: AssetSource, data_dir: Path) -> pa.Table:
         if missing:
             raise AssetListError(f"asset list {location} lacks columns {sorted(missing)}: it needs asset_id, path "
                                  "and updated_at (epoch ms), and may have category")
-        paths = [str(p if Path(p).is_absolute() else location.parent / p) for p in table.column("path").to_pylist()]
+        paths = [None if p is None else str(p if Path(p).is_absolute() else location.parent / p)
+                 for p in table.column("path").to_pylist()]
         category = (table.column(ASSET_CATEGORY).cast(pa.string()) if ASSET_CATEGORY in table.column_names
                     else pa.nulls(table.num_rows, pa.string()))
         return pa.table({ASSET_ID: table.column(ASSET_ID).cast(pa.string()), "path": pa.array(paths, pa.string()),
@@ -72,12 +74,9 @@ def list_assets(source: AssetSource, data_dir: Path) -> pa.Table:
 def take_inventory(source: AssetSource, data_dir: Path, record: AssetRecord) -> Inventory:
     """The listed assets whose file differs from the recorded version (or failure), stat'ed, with known hashes."""
     listed = list_assets(source, data_dir)
-    ids = listed.column(ASSET_ID).to_pylist()
-    if len(set(ids)) != len(ids):
-        raise AssetListError(f"asset source `{source.name}` lists some asset ids more than once: give each asset "
-                             "one row")
+    _check_ids(source, listed)
     stats = [_stat(p) for p in listed.column("path").to_pylist()]
-    exists = pa.array([s is not None for s in stats])
+    exists = pa.array([s is not None for s in stats], pa.bool_())
     sizes = pa.array([s.st_size if s else None for s in stats], pa.int64())
     mtimes = pa.array([s.st_mtime_ns if s else None for s in stats], pa.int64())
     updated = pc.max_element_wise(listed.column(ASSET_TIMESTAMP), pc.divide(mtimes, 1_000_000))
@@ -96,7 +95,31 @@ def take_inventory(source: AssetSource, data_dir: Path, record: AssetRecord) -> 
     return Inventory(pa.Table.from_pylist(rows, INPUT_SCHEMA), missing, listed.num_rows)
 
 
-def _stat(path: str):
+def _check_ids(source: AssetSource, listed: pa.Table) -> None:
+    """Every asset has one id, given once: an AssetListError naming the rows (or files) that break it."""
+    ids, paths = listed.column(ASSET_ID).to_pylist(), listed.column("path").to_pylist()
+    where = "row" if source.assets_is_list else "file"
+    unnamed = [str(i + 1) for i, asset in enumerate(ids) if not asset]
+    if unnamed:
+        raise AssetListError(f"asset list of source `{source.name}`: rows {', '.join(unnamed[:10])} have no "
+                             f"asset_id: give every row one")
+    seen: dict[str, list[int]] = {}
+    for i, asset in enumerate(ids):
+        seen.setdefault(asset, []).append(i)
+    twice = {asset: rows for asset, rows in seen.items() if len(rows) > 1}
+    if twice:
+        def named(i: int) -> str:
+            return str(i + 1) if source.assets_is_list else Path(paths[i]).name
+        shown = "; ".join(f"`{asset}` ({', '.join(named(i) for i in rows)})" for asset, rows in list(twice.items())[:5])
+        advice = ("give each asset one row" if source.assets_is_list
+                  else "a folder's ids are its file names without the extension: rename one of each")
+        raise AssetListError(f"asset source `{source.name}` has {len(twice)} id(s) more than once, by {where}: "
+                             f"{shown}; {advice}")
+
+
+def _stat(path: Optional[str]):
+    if path is None:
+        return None
     try:
         return Path(path).stat()
     except OSError:

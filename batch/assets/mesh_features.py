@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 
@@ -32,18 +33,25 @@ class MeshFeatures:
     embedding: np.ndarray  # float32 [descriptor.bins], unit L2 norm
 
 
-def decode_mesh(data: bytes, file_type: str):
-    """One `trimesh.Trimesh` from a file's bytes (a scene's geometry concatenated); MeshDecodeError otherwise."""
+def decode_mesh(data: bytes, file_type: str, path: Optional[Path] = None):
+    """One `trimesh.Trimesh` from a file's bytes, as `trimesh.load(path, force="mesh")` reads it (a scene's
+    geometry concatenated; `path` resolves the files it refers to, a glTF's buffers or an OBJ's materials, beside
+    it); MeshDecodeError otherwise, and for a mesh with vertices that are not finite: trimesh's load drops them with
+    the faces that use them, so they are looked for in the geometry as parsed, before any processing."""
     import trimesh
+    from trimesh.resolvers import FilePathResolver
 
+    resolver = FilePathResolver(str(path)) if path is not None else None
     try:
-        mesh = trimesh.load(io.BytesIO(data), file_type=file_type, force="mesh")
+        mesh = trimesh.load(io.BytesIO(data), file_type=file_type, resolver=resolver, force="mesh")
+        raw = trimesh.load_scene(io.BytesIO(data), file_type=file_type, resolver=resolver, process=False)
     except Exception as exc:  # trimesh raises whatever its parsers raise on a broken file
         raise MeshDecodeError(f"not a readable {file_type} mesh: {type(exc).__name__}: {exc}") from None
     if not isinstance(mesh, trimesh.Trimesh) or len(mesh.faces) == 0:
         raise MeshDecodeError(f"the {file_type} file holds no triangles")
-    if not np.isfinite(mesh.vertices).all():
-        raise MeshDecodeError(f"the {file_type} file has vertices that are not finite numbers")
+    for geometry in raw.geometry.values():
+        if isinstance(geometry, trimesh.Trimesh) and not np.isfinite(geometry.vertices).all():
+            raise MeshDecodeError(f"the {file_type} file has vertices that are not finite numbers")
     return mesh
 
 

@@ -220,7 +220,12 @@ def _missing_failures(missing: pa.Table) -> pa.Table:
     n = missing.num_rows
     return pa.table({**{c: missing.column(c) for c in missing.column_names},
                      "updated_at": pa.nulls(n, pa.int64()), "size": pa.nulls(n, pa.int64()),
-                     "mtime_ns": pa.nulls(n, pa.int64()), "reason": pa.array(["the file does not exist"] * n)})
+                     "mtime_ns": pa.nulls(n, pa.int64()),
+                     "reason": pa.array([_missing_reason(path) for path in missing.column("path").to_pylist()])})
+
+
+def _missing_reason(path: Optional[str]) -> str:
+    return "the asset list gives it no path" if path is None else "the file does not exist"
 
 
 def _failure_rows(failed: pa.Table) -> pa.Table:

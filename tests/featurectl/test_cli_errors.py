@@ -86,7 +86,8 @@ def test_materializing_every_view_leaves_out_asset_views_with_nothing_derived(tm
             "`featurectl assets process` first") in done.stderr
     _one_line_error(done, "feature view `asset_activity` has no offline table", "run `featurectl backfill`")
     done = featurectl("--repo", str(repo), "materialize", "2026-01-01", "2026-01-02", "--view", "asset_geometry")
-    _one_line_error(done, "feature view `asset_geometry` has no offline table")
+    _one_line_error(done, "feature view `asset_geometry` has no offline table",
+                    "run `featurectl assets process --source asset_meshes` for it first")
 
 
 def test_commands_that_write_local_history_refuse_data_in_shared_storage(tmp_path):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import sqlalchemy as sa
 
@@ -128,6 +128,14 @@ class VersionLog:
         applied, online = self.applied(project), self.online(project)
         return {view: (written, applied[view]) for view, written in online.items()
                 if view in applied and applied[view].version != written.version}
+
+    def forget_online(self, project: str, views: Sequence[str]) -> None:
+        """These views' online values are gone (`apply` removed the views, and Feast's apply their online table)."""
+        if not views:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(online_versions.delete().where(online_versions.c.project == project,
+                                                        online_versions.c.view.in_(list(views))))
 
     def clear_online(self, project: str) -> None:
         """The project's online values are gone (`teardown`)."""

@@ -114,6 +114,8 @@ def _shown(value: Any) -> str:
         return "[" + ", ".join(map(_shown, value)) + "]"
     if value is None:
         return "none"
+    if value == "":
+        return '""'
     return str(value)
 
 

@@ -81,7 +81,7 @@ def check_offline_versions(cfg: ProjectConfig, version_log: VersionLog, jobs: Se
                                  param_hint="--allow-stale")
     settings = SourceSettings(cfg.platform.kafka.bootstrap_servers, cfg.data_storage)
     applied = version_log.applied(cfg.project)
-    checked, problems = Checked(), []
+    checked, problems, refused = Checked(), [], []
     backfill_log = BackfillLog(cfg.registry_url)
     try:
         for job in jobs:
@@ -104,10 +104,12 @@ def check_offline_versions(cfg: ProjectConfig, version_log: VersionLog, jobs: Se
                             fg="yellow", err=True)
             elif found:
                 problems += found
+                refused.append(name)
     finally:
         backfill_log.close()
     if problems:
-        raise StaleOfflineError("; ".join(problems) + "; or pass --allow-stale VIEW to materialize them anyway")
+        flags = " ".join(f"--allow-stale {name}" for name in refused)
+        raise StaleOfflineError("; ".join(problems) + f"; or pass {flags} to materialize them anyway")
     return checked
 
 

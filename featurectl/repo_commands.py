@@ -149,6 +149,7 @@ def apply(ctx) -> None:
         store.apply(objects.all(), objects_to_delete=repo_plan.to_delete, partial=False)
         version_log.record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
                                    dt.datetime.now(dt.timezone.utc))
+        version_log.forget_online(cfg.project, repo_plan.removed_views)
         forget_newest(RedisSettings.from_config(cfg), cfg.project, repo_plan.removed_views)
     click.echo("\n".join(render(repo_plan, "apply", ctx.command_prefix())))
     click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "

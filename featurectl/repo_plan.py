@@ -167,8 +167,17 @@ def _view_plan(view, compiled, feast_view, current, record: Optional[AppliedVers
             return None
         return ObjectPlan(VIEW, view.name, "update", feast_changes, (version, version),
                           note="registered differently (through Feast's SDK?): Feast fields compared")
-    note = "" if found else "same definition, other compiled SQL (another featurectl release)"
+    note = "" if found else _same_definition_note(record.definition, view_definition(view))
     return ObjectPlan(VIEW, view.name, "update", found, (record.version, version), note=note)
+
+
+def _same_definition_note(old: dict, new: dict) -> str:
+    """Why a view whose definition compares equal (features are compared by name) has a new version."""
+    before, after = list(old.get("features", {})), list(new.get("features", {}))
+    if before != after and sorted(before) == sorted(after):
+        return (f"features reordered: {', '.join(before)} -> {', '.join(after)} (the compiled query's columns follow "
+                "their order, so the version changes)")
+    return "same definition, other compiled SQL (another featurectl release)"
 
 
 def _stale_spans(plan: ObjectPlan, backfill_log: BackfillLog, project: str) -> list[VersionedSpan]:

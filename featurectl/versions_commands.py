@@ -8,6 +8,8 @@ from typing import Optional
 
 import click
 
+from common.errors import FeaturectlError
+
 
 def _when(value: dt.datetime) -> str:
     return f"{value:%Y-%m-%d %H:%M:%S}Z"
@@ -47,6 +49,12 @@ def _view_lines(name: str, history: list, online, spans: list, applied: Optional
     return lines
 
 
+def _defined_views(cfg) -> list[str]:
+    from dsl.repo import load_repo
+
+    return sorted(view.name for view in load_repo(cfg.repo_path).views)
+
+
 @click.command()
 @click.option("--view", "view_name", default=None, help="only this feature view")
 @click.pass_obj
@@ -61,6 +69,9 @@ def versions(ctx, view_name: Optional[str]) -> None:
         history = version_log.history(cfg.project, view_name)
         applied, online = version_log.applied(cfg.project), version_log.online(cfg.project)
         names = list(dict.fromkeys(record.view for record in history))
+        if not names and view_name and view_name not in _defined_views(cfg):
+            raise FeaturectlError(f"no version recorded for view `{view_name}`, and the repo defines no view by that "
+                                  f"name: its views are {', '.join(_defined_views(cfg)) or 'none'}")
         if not names:
             click.echo(f"no version recorded for {f'view `{view_name}`' if view_name else 'any view'} of project "
                        f"`{cfg.project}`: `featurectl apply` records them")

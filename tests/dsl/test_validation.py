@@ -206,3 +206,10 @@ def test_the_ttl_is_in_the_version_of_a_view_with_attributes_only():
     counted = Aggregation("count", windows=["1h"])
     assert version(counted, ttl="7d") == version(counted, ttl="8d")
     assert version(counted, Attribute("user_id"), ttl="7d") != version(counted, Attribute("user_id"), ttl="8d")
+
+
+def test_a_change_shows_an_empty_description_as_empty_quotes():
+    from dsl.view_version import changes
+
+    [added] = changes({"features": {}}, {"features": {"n": {"op": "count", "description": ""}}})
+    assert str(added) == 'features.n: added (op count, description "")'

@@ -55,6 +55,14 @@ def test_plan_speaks_of_the_future_and_an_unchanged_repo_has_no_changes(tmp_path
     assert again[0] == "no changes" and again[1].startswith("applied 2 entities, 4 feature views")
     assert _history(repo) == {name: [version] for name, version in versions(repo).items()}
 
+    edit(repo, '        Aggregation("max", "dwell_ms", windows=["24h"], name="dwell_ms_max"),\n'
+               '        Aggregation("last", "user_id", windows=["24h"], name="last_user"),',
+         '        Aggregation("last", "user_id", windows=["24h"], name="last_user"),\n'
+         '        Aggregation("max", "dwell_ms", windows=["24h"], name="dwell_ms_max"),')
+    reordered = _body(run(repo, "plan", "--no-sql").stdout)[0]
+    assert "features reordered: " in reordered and "dwell_ms_max, last_user -> " in reordered
+    assert "last_user, dwell_ms_max (the compiled query's columns follow their order" in reordered
+
 
 def test_plan_shows_each_changed_field_and_the_backfills_it_makes_stale(tmp_path):
     repo = make_repo(tmp_path, "plan_fields")
@@ -116,6 +124,9 @@ def test_apply_records_a_version_per_view_and_its_history(tmp_path):
                               "asset_geometry": [first["asset_geometry"]],
                               "user_activity": [first["user_activity"]] * 2}
 
+    unknown = run(repo, "versions", "--view", "asset_activty", ok=False)
+    assert unknown.exit_code == 1 and "the repo defines no view by that name: its views are asset_activity, " in str(
+        unknown.exception)
     shown = run(repo, "versions", "--view", "asset_activity").stdout.splitlines()
     assert shown[0] == f"feature view asset_activity: version {second['asset_activity']} applied"
     assert shown[2].endswith(f"  {first['asset_activity']}")
@@ -167,9 +178,14 @@ def test_views_registered_through_feast_are_left_alone_by_plan_and_apply(tmp_pat
     assert _body(run(repo, "plan", "--no-sql").stdout) == ["no changes", left_alone]
     assert run(repo, "plan", "--no-sql", "--feast-diff").stdout.rstrip().endswith("No changes to registry")
 
+    version_log = VersionLog(load_config(repo).registry_url)
+    version_log.record_online("feast_only", {"user_activity": versions(repo)["user_activity"]},
+                              "featurectl materialize", dt.datetime.now(dt.timezone.utc))
     text = (repo / "features.py").read_text()
     (repo / "features.py").write_text(re.sub(r"\nuser_activity = FeatureView\(.*?\n\)\n", "\n", text, flags=re.S))
     lines = _body(run(repo, "apply").stdout)
+    assert "user_activity" not in version_log.online("feast_only"), "its online values went with the view"
+    version_log.close()
     assert lines[:3] == ["- deleted feature view user_activity", "- deleted data source user_activity_offline",
                          "- deleted data source user_activity_push"]
     assert lines[3] == left_alone

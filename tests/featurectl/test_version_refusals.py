@@ -111,7 +111,8 @@ def test_a_new_version_is_refused_offline_and_online_until_rebackfilled_or_allow
             zulu = [t.isoformat().replace("+00:00", "Z") for t in (START, END)]
             assert (f"offline rows of `{VIEW}` in the range were backfilled by another version than the applied "
                     f"{second}: re-backfill them: `featurectl --repo {repo} backfill --start {zulu[0]} --end {zulu[1]} "
-                    f"--view {VIEW}` (version {first}); or pass --allow-stale VIEW") in str(refused.exception)
+                    f"--view {VIEW}` (version {first}); or pass --allow-stale {VIEW} to materialize them anyway"
+                    ) in str(refused.exception)
             assert run(repo, *materialize, "--allow-stale", "nope", ok=False).exit_code == 2
 
             # Re-backfilled: the rows at the same instants replace the old version's, a0 (no row now) is gone.

@@ -68,9 +68,15 @@ def _entity_fields(entity: Any) -> dict:
 
 
 def _source_fields(source: Any) -> dict:
+    kafka = getattr(source, "kafka_options", None)
+    stream = {} if kafka is None else {
+        "topic": kafka.topic, "bootstrap_servers": kafka.kafka_bootstrap_servers,
+        "watermark_delay": format_duration(kafka.watermark_delay_threshold) if kafka.watermark_delay_threshold
+        else "none", "message_schema": getattr(kafka.message_format, "schema_json", None)}
     return {"type": type(source).__name__, "path": getattr(source, "path", None),
+            "timestamp_field": getattr(source, "timestamp_field", None),
             "batch_source": getattr(getattr(source, "batch_source", None), "name", None),
-            "schema": {f.name: str(f.dtype) for f in getattr(source, "schema", None) or []},
+            "schema": {f.name: str(f.dtype) for f in getattr(source, "schema", None) or []}, **stream,
             "description": source.description, "tags": _tags(source)}
 
 

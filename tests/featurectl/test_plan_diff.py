@@ -106,6 +106,11 @@ def test_plan_shows_each_changed_field_and_the_backfills_it_makes_stale(tmp_path
     assert "    features.asset_activity: -generations_1h +generations_2h" in lines  # of service asset_ranking
     assert _digest(tmp_path / "registry.db") == registry, "plan changed the registry"
 
+    edit(repo, 'watermark_delay="5s",', 'watermark_delay="10s",')  # a data source's Feast fields are compared too
+    lines = _body(run(repo, "plan", "--no-sql").stdout)
+    source = lines.index("~ would update data source asset_interactions")
+    assert lines[source + 1] == "    watermark_delay: 5s -> 10s"
+
 
 def test_apply_records_a_version_per_view_and_its_history(tmp_path):
     repo = make_repo(tmp_path, "apply_versions")

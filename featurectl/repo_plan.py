@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from batch.backfill_log import BackfillLog, VersionedSpan
+from common.errors import FeaturectlError
 from common.version_log import AppliedVersion, VersionLog
 from dsl.compile_repo import CompiledRepo
 from dsl.duration import format_duration
@@ -106,6 +107,10 @@ FIELDS: dict[str, Callable[[Any], dict]] = {ENTITY: _entity_fields, SOURCE: _sou
                                             ON_DEMAND: _on_demand_fields, SERVICE: _service_fields}
 
 
+class RegistryReadError(FeaturectlError, RuntimeError):
+    """An object in the registry that Feast cannot read back; the message names it and the way out."""
+
+
 @dataclass
 class _Registered:
     """What the registry holds for the project, by kind and name, and what featurectl leaves alone in it."""
@@ -119,13 +124,27 @@ class _Registered:
         on_demand = store.list_on_demand_feature_views()
         objects = {ENTITY: store.list_entities(), SOURCE: store.list_data_sources(), VIEW: store.list_feature_views(),
                    ON_DEMAND: [v for v in on_demand if OURS in _tags(v)], SERVICE: store.list_feature_services()}
-        feast_only = [*(v for v in on_demand if OURS not in _tags(v)), *store.list_stream_feature_views()]
+        feast_only = [*(v for v in on_demand if OURS not in _tags(v)), *_stream_views(store)]
         names = {v.name for v in feast_only}
         kept = {ENTITY: {e for v in feast_only for e in getattr(v, "entities", [])},
                 SOURCE: {s.name for v in feast_only for s in _sources_of(v)},
                 SERVICE: {s.name for s in objects[SERVICE]
                           if any(p.name in names for p in s.feature_view_projections)}}
         return cls({kind: {o.name: o for o in found} for kind, found in objects.items()}, feast_only, kept)
+
+
+def _stream_views(store: Any) -> list:
+    """The stream feature views registered through Feast's SDK; a RegistryReadError naming them when Feast cannot
+    read one back (a Python function that does not deserialize: Feast's own apply of it may have failed half-way)."""
+    try:
+        return store.list_stream_feature_views()
+    except Exception as exc:  # Feast re-raises what unpickling the stored function raised
+        names = sorted(v.spec.name for v in store.registry.proto().stream_feature_views
+                       if v.spec.project == store.project)
+        raise RegistryReadError(
+            f"Feast cannot read back the stream feature views of project `{store.project}` ({', '.join(names)}): "
+            f"{type(exc).__name__}: {exc}. Delete the broken one with Feast's SDK, e.g. `FeatureStore(repo_path="
+            f"...).registry.delete_feature_view(NAME, {store.project!r}, commit=True)`, then run this again") from None
 
 
 def _sources_of(feast_only: Any) -> list:

@@ -203,3 +203,47 @@ def test_views_registered_through_feast_are_left_alone_by_plan_and_apply(tmp_pat
     assert {"boost_request", "clicks", "clicks_history"} <= {s.name for s in store.list_data_sources()}
     assert "device" in {e.name for e in store.list_entities()}
     assert _history(repo)["user_activity"][-1] is None  # the removal is recorded
+
+
+def _udf_stream_view(df):
+    return df
+
+
+def test_a_stream_view_that_feast_cannot_read_back_is_named_with_the_way_out(tmp_path):
+    """A stream view with a Python function applied through Feast's SDK: with this Feast and dill, Feast's apply
+    stores it and then cannot unpickle the function. `plan` names the view and how to delete it instead of failing
+    with a bare traceback (and lists it as left alone where Feast can read it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from feast import Entity, FeatureStore, Field, FileSource, KafkaSource
+    from feast.data_format import JsonFormat
+    from feast.stream_feature_view import stream_feature_view
+    from feast.types import Int64
+
+    from featurectl.repo_plan import RegistryReadError
+
+    repo = make_repo(tmp_path, "feast_udf")
+    run(repo, "apply")
+    store = FeatureStore(config=load_config(repo).feast_repo_config())
+    user = Entity(name="clicker", join_keys=["clicker_id"])
+    pq.write_table(pa.table({"clicker_id": [1], "clicks": [2], "ts": pa.array([DAY], pa.timestamp("us", "UTC"))}),
+                   tmp_path / "clicks.parquet")
+    batch = FileSource(name="clicks_batch", path=str(tmp_path / "clicks.parquet"), timestamp_field="ts")
+    clicks = KafkaSource(name="clicks_live", kafka_bootstrap_servers="127.0.0.1:1", topic="clicks",
+                         timestamp_field="ts", batch_source=batch,
+                         message_format=JsonFormat(schema_json="clicker_id bigint, clicks bigint, ts timestamp"))
+    view = stream_feature_view(entities=[user], ttl=dt.timedelta(days=1), mode="python", source=clicks,
+                               schema=[Field(name="clicks", dtype=Int64)])(_udf_stream_view)
+    store.apply([user, batch, clicks, view])
+    try:
+        readable = bool(FeatureStore(config=load_config(repo).feast_repo_config()).list_stream_feature_views())
+    except TypeError:  # dill cannot rebuild the function's code object: the case this test is for
+        readable = False
+    planned = run(repo, "plan", "--no-sql", ok=readable)
+    if readable:
+        assert "stream feature view _udf_stream_view" in planned.stdout
+    else:
+        assert isinstance(planned.exception, RegistryReadError), planned.exception
+        message = str(planned.exception)
+        assert "stream feature views of project `feast_udf` (_udf_stream_view)" in message
+        assert "registry.delete_feature_view(NAME, 'feast_udf', commit=True)" in message

@@ -121,8 +121,10 @@ def _process_source(cfg, source, views, workers: int, materialize: bool, start_r
                                  start_ray=start_ray)
     result = summary.result
     failed = result.table("failed", summary.failures.schema)
-    click.echo(f"{source.name}: {result.listed:,} listed, {sum(t.num_rows for t in result.derived):,} derived, "
-               f"{sum(t.num_rows for t in result.unchanged):,} unchanged, {failed.num_rows:,} failed, in "
+    hashed = sum(t.num_rows for t in result.unchanged)
+    click.echo(f"{source.name}: {result.listed:,} listed: {sum(t.num_rows for t in result.derived):,} derived, "
+               f"{result.same + hashed:,} unchanged ({hashed:,} of them read and hashed), {failed.num_rows:,} failed, "
+               f"{result.still_failed:,} failed before and not tried again (their files did not change), in "
                f"{result.seconds:.1f}s")
     if failed.num_rows:
         _print_failures(failed, "failed this run:")

@@ -36,6 +36,8 @@ class Inventory:
     todo: pa.Table  # INPUT_SCHEMA: the assets to derive
     missing: pa.Table  # asset_id, path: listed files that do not exist
     listed: int
+    same: int = 0  # not derived again: the file is the version derived last
+    still_failed: int = 0  # not tried again: the file is the one that failed
 
 
 def assets_location(source: AssetSource, data_dir: Path) -> Path:
@@ -84,15 +86,17 @@ def take_inventory(source: AssetSource, data_dir: Path, record: AssetRecord) -> 
     listed = listed.append_column("size", sizes).append_column("mtime_ns", mtimes)
     known = {row[ASSET_ID]: row for row in record.derived.to_pylist()}
     failed = {row[ASSET_ID]: row for row in record.failures.to_pylist()}
-    rows = []
+    rows, same, still_failed = [], 0, 0
     for row in listed.filter(exists).to_pylist():
-        same = [r for r in (known.get(row[ASSET_ID]), failed.get(row[ASSET_ID]))
-                if r is not None and all(r[k] == row[k] for k in FINGERPRINT)]
-        if not same:
-            previous = known.get(row[ASSET_ID])
-            rows.append({**row, "known_sha256": previous["sha256"] if previous else None})
+        derived, failure = known.get(row[ASSET_ID]), failed.get(row[ASSET_ID])
+        if failure is not None and all(failure[k] == row[k] for k in FINGERPRINT):
+            still_failed += 1
+        elif derived is not None and all(derived[k] == row[k] for k in FINGERPRINT):
+            same += 1
+        else:
+            rows.append({**row, "known_sha256": derived["sha256"] if derived else None})
     missing = listed.filter(pc.invert(exists)).select([ASSET_ID, "path"])
-    return Inventory(pa.Table.from_pylist(rows, INPUT_SCHEMA), missing, listed.num_rows)
+    return Inventory(pa.Table.from_pylist(rows, INPUT_SCHEMA), missing, listed.num_rows, same, still_failed)
 
 
 def _check_ids(source: AssetSource, listed: pa.Table) -> None:

@@ -59,6 +59,8 @@ class DeriveResult:
     """What one run derived: new versions, unchanged files, and failures with their reasons."""
 
     listed: int = 0
+    same: int = 0  # left alone: the file is the version derived last (a stat said so)
+    still_failed: int = 0  # left alone: the file is the one that failed
     derived: list[pa.Table] = field(default_factory=list)
     unchanged: list[pa.Table] = field(default_factory=list)
     failed: list[pa.Table] = field(default_factory=list)
@@ -199,7 +201,7 @@ def run_derivation(source: AssetSource, data_dir: Path, record: AssetRecord, wor
     already initialized) and sort the rows by outcome."""
     started = time.perf_counter()
     inventory = take_inventory(source, data_dir, record)
-    result = DeriveResult(listed=inventory.listed)
+    result = DeriveResult(listed=inventory.listed, same=inventory.same, still_failed=inventory.still_failed)
     if inventory.missing.num_rows:
         result.failed.append(_failure_rows(_missing_failures(inventory.missing)))
     if on_total:

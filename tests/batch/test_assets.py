@@ -130,6 +130,7 @@ def test_incremental_run_touches_only_changed_files(repo: Path):
     env.process(repo)
     again = env.process(repo)
     assert (again.result.derived, again.result.unchanged, again.result.failed) == ([], [], [])
+    assert (again.result.listed, again.result.same, again.result.still_failed) == (N_ASSETS, N_ASSETS, 0)
     folder = repo.parent / "data/assets"
     asset_mesh(100, seed=1).export(folder / "asset_000002.ply")  # new content (index 2 is a PLY file)
     touched = folder / "asset_000008.ply"
@@ -137,6 +138,7 @@ def test_incremental_run_touches_only_changed_files(repo: Path):
     third = env.process(repo)
     assert [r["asset_id"] for t in third.result.derived for r in t.to_pylist()] == ["asset_000002"]
     assert [r["asset_id"] for t in third.result.unchanged for r in t.to_pylist()] == ["asset_000008"]
+    assert third.result.same == N_ASSETS - 2  # every listed asset counted once: derived, hashed, or left alone
     offline = env.offline_rows(repo)
     versions = offline.filter(pc.equal(offline.column("asset_id"), "asset_000002")).sort_by("event_timestamp")
     assert versions.num_rows == 2 and offline.num_rows == N_ASSETS + 1
@@ -157,6 +159,10 @@ def test_a_corrupt_file_is_reported_and_the_rest_succeed(repo: Path):
     listed = featurectl("--repo", str(repo), "assets", "failures")
     assert listed.returncode == 0, listed.stderr
     assert "asset_meshes: 2 failed" in listed.stdout and "asset_000003" in listed.stdout
+    again = env.process(repo).result  # the corrupt file is left alone, the missing one fails again
+    assert (again.listed, again.same, again.still_failed, again.derived, again.unchanged) == (
+        N_ASSETS, N_ASSETS - 2, 1, [], [])
+    assert sum(t.num_rows for t in again.failed) == 1
     shutil.copyfile(folder / "asset_000000.glb", folder / "asset_000003.glb")  # fixed: derived, no longer failed
     fixed = env.process(repo)
     assert [r["asset_id"] for t in fixed.result.derived for r in t.to_pylist()] == ["asset_000003"]
@@ -200,7 +206,8 @@ def test_commands_on_a_running_cluster_materialize_assets_and_generated_ones_for
     address = ray.get_runtime_context().gcs_address
     done = featurectl("--repo", str(repo), "assets", "process", "--address", address, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"asset_meshes: {N_ASSETS} listed, {N_ASSETS} derived" in done.stdout
+    assert (f"asset_meshes: {N_ASSETS} listed: {N_ASSETS} derived, 0 unchanged (0 of them read and hashed), 0 failed, "
+            "0 failed before and not tried again") in done.stdout
     assert f"asset_geometry: materialized {N_ASSETS} assets" in done.stdout
     offline = _by_id(env.offline_rows(repo))
     features = ["asset_geometry:surface_area", "asset_geometry:components", "asset_geometry:shape_d2"]
@@ -218,7 +225,8 @@ def test_commands_on_a_running_cluster_materialize_assets_and_generated_ones_for
     done = featurectl("--repo", str(repo), "assets", "generate", str(prompts), "--config", "tiny", "--address",
                       address, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "generated 1 of 1 meshes" in done.stdout and "1 derived, 0 unchanged, 0 failed" in done.stdout
+    assert "generated 1 of 1 meshes" in done.stdout and ", 0 failed, 0 failed before" in done.stdout
+    assert f"{N_ASSETS + 1} listed: 1 derived, {N_ASSETS} unchanged (0 of them read and hashed)" in done.stdout
     new_id = generated_id("a small red vase", None, 0)
     online = store.get_online_features(features=features, entity_rows=[{"asset_id": new_id}]).to_dict()
     assert len(online["shape_d2"][0]) == 64 and online["surface_area"][0] > 0

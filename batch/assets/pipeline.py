@@ -39,10 +39,12 @@ import pyarrow.compute as pc
 from batch.assets.derive import FAILED, OK, UNCHANGED, derive_batch, output_schema
 from batch.assets.inventory import take_inventory
 from batch.assets.offline import write_history, write_views
-from batch.assets.state import FAILURE_SCHEMA, AssetRecord
+from batch.assets.state import FAILURE_SCHEMA, STATE_SCHEMA, AssetRecord
 from batch.backfill import BackfillTarget
 from common.errors import FeaturectlError
+from common.storage import as_storage
 from dsl.assets import AssetSource, ShapeDescriptor
+from dsl.compile_feast import offline_table_path
 from dsl.feature_view import FeatureView
 
 log = logging.getLogger(__name__)
@@ -250,8 +252,16 @@ def process_assets(source: AssetSource, views: list[FeatureView], target: Backfi
                    on_assets: Optional[Callable[[int], None]] = None,
                    start_ray: Callable[[], None] = lambda: None) -> ProcessSummary:
     """Derive the changed assets of `source` (`start_ray` as in `run_derivation`), write the history and the
-    offline tables of `views`, then replace the source's record."""
+    offline tables of `views`, then replace the source's record. A record whose views' offline tables are gone
+    (deleted by hand, or a data folder copied without them) no longer describes them: every asset is derived
+    again, rather than none and a view left without a table."""
     record = AssetRecord.load(target.data_dir, source.name)
+    gone = [v.name for v in views if as_storage(offline_table_path(target.data_dir, v)).dataset() is None]
+    if gone and record.derived.num_rows:
+        log.warning("the offline table of %s is gone but the record of asset source `%s` lists %d derived assets: "
+                    "deriving every asset again", ", ".join(f"`{name}`" for name in gone), source.name,
+                    record.derived.num_rows)
+        record = AssetRecord(record.folder, STATE_SCHEMA.empty_table(), record.failures)
     result = run_derivation(source, target.data_dir, record, workers, on_total, on_assets, start_ray)
     derived = result.table("derived", output_schema(source.embedding))
     history = write_history(source, target.data_dir, derived)

@@ -144,6 +144,9 @@ def test_incremental_run_touches_only_changed_files(repo: Path):
     assert versions.num_rows == 2 and offline.num_rows == N_ASSETS + 1
     assert versions.column("vertex_count")[1].as_py() == len(trimesh.load(folder / "asset_000002.ply").vertices)
     assert env.process(repo).result.derived == []
+    shutil.rmtree(repo.parent / "data/offline/asset_geometry")  # the table gone, the record left: derive them all
+    again = env.process(repo)
+    assert sum(t.num_rows for t in again.result.derived) == N_ASSETS and len(env.offline_rows(repo)) == N_ASSETS
 
 
 def test_a_corrupt_file_is_reported_and_the_rest_succeed(repo: Path):

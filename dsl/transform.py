@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from common.errors import FeaturectlError, shown
-from dsl.types import FLOAT_TYPES, ValueType
+from dsl.types import FLOAT_TYPES, INT_RANGES, ValueType
 
 MODES = ("numpy", "python")
 INPUT_TYPES = (ValueType.STRING, ValueType.INT32, ValueType.INT64, ValueType.FLOAT32, ValueType.FLOAT64,
@@ -302,7 +302,7 @@ def _str(view: str, name: str, value: Any) -> str | None:
     return str(value)
 
 
-_INT64 = (-(1 << 63), (1 << 63) - 1)
+_INT64 = INT_RANGES[ValueType.INT64]
 _UINT64, _FLOAT64 = np.dtype(np.uint64), np.dtype(np.float64)
 _OUTPUTS = {ValueType.FLOAT64: _Output("fiub", float, _float), ValueType.INT64: _Output("iu", int, _int),
             ValueType.BOOL: _Output("b", bool, _bool), ValueType.STRING: _Output("", str, _str)}

@@ -93,6 +93,9 @@ Timestamp = ValueType.TIMESTAMP
 
 MAX_VECTOR_DIM = 32_768  # Milvus's own ceiling for a float vector
 FLOAT32_MAX = 3.4028234663852886e38  # the greatest finite float32
+# the whole numbers each integer type holds (a timestamp: epoch milliseconds in a signed 64-bit integer)
+INT_RANGES = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
+              ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
 VECTOR_METRICS = ("L2", "COSINE", "IP")
 
 

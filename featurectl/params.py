@@ -9,7 +9,7 @@ import click
 
 from common.errors import FeaturectlError
 from common.instants import InstantError, parse_instant
-from dsl.types import ValueType
+from dsl.types import INT_RANGES, ValueType
 
 
 class Instant(click.ParamType):
@@ -38,8 +38,7 @@ def join_key_value(value: str, kind: ValueType, name: str) -> Any:
         number = int(value)
     except ValueError:
         raise FeaturectlError(f"join key `{name}` is {kind.name}: `{value}` is not a whole number") from None
-    bits = 32 if kind is ValueType.INT32 else 64
-    if not -2 ** (bits - 1) <= number < 2 ** (bits - 1):
-        raise FeaturectlError(f"join key `{name}` is {kind.name}: `{value}` is out of its range "
-                              f"[{-2 ** (bits - 1)}, {2 ** (bits - 1) - 1}]")
+    low, high = INT_RANGES[kind]
+    if not low <= number <= high:
+        raise FeaturectlError(f"join key `{name}` is {kind.name}: `{value}` is out of its range [{low}, {high}]")
     return number

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 from common.errors import shown
 from common.instants import format_epoch_ms
 from dsl.compile_stream_source import MAX_AHEAD_MS
-from dsl.types import FLOAT32_MAX, FeatureType, ValueType, Vector
+from dsl.types import FLOAT32_MAX, INT_RANGES, FeatureType, ValueType, Vector
 from serving.errors import RequestError
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ MAX_ROWS = 10_000
 SECONDS_BELOW_MS = 100_000_000_000  # 1973-03-03 in ms, 5138 in seconds (the history's input check warns likewise)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MILLISECOND = dt.timedelta(milliseconds=1)
-_INT_RANGES = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
-               ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
 _WANTED = {ValueType.STRING: "a string", ValueType.INT32: "an integer", ValueType.INT64: "an integer",
            ValueType.TIMESTAMP: "an integer (epoch milliseconds)", ValueType.FLOAT32: "a number",
            ValueType.FLOAT64: "a number", ValueType.BOOL: "true or false"}
@@ -125,8 +123,8 @@ def _problem(value: Any, kind: FeatureType) -> str:
         return _vector_problem(value, kind)
     if kind is ValueType.STRING:
         ok = type(value) is str
-    elif kind in _INT_RANGES:
-        low, high = _INT_RANGES[kind]
+    elif kind in INT_RANGES:
+        low, high = INT_RANGES[kind]
         if type(value) is int and not low <= value <= high:
             return f"{value} is out of the {kind.value} range"
         ok = type(value) is int

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from common.errors import shown
-from dsl.types import FLOAT_TYPES, ValueType
+from dsl.types import FLOAT_TYPES, INT_RANGES, ValueType
 from serving.errors import EntityError
 from serving.plan import Plan
 from serving.result import OnlineFeatures, ViewRows, parse_timestamps, view_row
@@ -23,8 +23,6 @@ from serving.served_rows import RowOutcome
 
 EntityRows = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 _STR = {str}
-_INT_RANGE = {ValueType.INT32: (-(1 << 31), (1 << 31) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
-              ValueType.TIMESTAMP: (-(1 << 63), (1 << 63) - 1)}
 _NUMBERS = {int, float}
 
 
@@ -59,8 +57,8 @@ def _checked(key: str, kind: ValueType, values: list, what: str = "entity") -> l
         return values
     value = values[bad]
     # a whole number below int64's range parses as a float from JSON (orjson), rounded: at a bound, out of range
-    out_of_range = kind in _INT_RANGE and (type(value) is int or (
-        type(value) is float and value.is_integer() and not _INT_RANGE[kind][0] < value < _INT_RANGE[kind][1]))
+    out_of_range = kind in INT_RANGES and (type(value) is int or (
+        type(value) is float and value.is_integer() and not INT_RANGES[kind][0] < value < INT_RANGES[kind][1]))
     raise EntityError(f"{what} `{key}` takes {kind.value} values; row {bad} holds {type(value).__name__} "
                       f"{shown(value)}" + (" (out of range)" if out_of_range else ""))
 
@@ -77,7 +75,7 @@ def _first_bad(kind: ValueType, values: list) -> Optional[int]:
         return next((i for i, v in enumerate(values) if type(v) not in _NUMBERS), None)
     if kind is ValueType.BOOL:
         return next((i for i, v in enumerate(values) if type(v) is not bool), None)
-    low, high = _INT_RANGE[kind]
+    low, high = INT_RANGES[kind]
     return next((i for i, v in enumerate(values) if type(v) is not int or not low <= v <= high), None)
 
 

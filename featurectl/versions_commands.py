@@ -69,9 +69,11 @@ def versions(ctx, view_name: Optional[str]) -> None:
         history = version_log.history(cfg.project, view_name)
         applied, online = version_log.applied(cfg.project), version_log.online(cfg.project)
         names = list(dict.fromkeys(record.view for record in history))
-        if not names and view_name and view_name not in _defined_views(cfg):
-            raise FeaturectlError(f"no version recorded for view `{view_name}`, and the repo defines no view by that "
-                                  f"name: its views are {', '.join(_defined_views(cfg)) or 'none'}")
+        if not names and view_name:
+            defined = _defined_views(cfg)
+            if view_name not in defined:
+                raise FeaturectlError(f"no version recorded for view `{view_name}`, and the repo defines no view by "
+                                      f"that name: its views are {', '.join(defined) or 'none'}")
         if not names:
             click.echo(f"no version recorded for {f'view `{view_name}`' if view_name else 'any view'} of project "
                        f"`{cfg.project}`: `featurectl apply` records them")

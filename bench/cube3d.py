@@ -9,6 +9,7 @@ measured eager + KV cache path; the reference implementation's H200 figures (sha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import statistics
@@ -108,6 +109,9 @@ def bench_decoder(config: str, device: torch.device, dtype: torch.dtype, n_token
     reps = 1 if quick else 3
     wall, st, ids = timed_generate(engine, cond[:1], uncond, n, reps)
     r.update(object_s=wall, tpot_ms=st.tpot_ms, prefill_ms=1e3 * st.prefill_s, ids=ids[0])
+    if gpu:
+        r["persistent_layers"] = bool(getattr(engine.ops, "runs_persistent_layers", False))
+        r.update(_optional(r, "per_layer_kernels", _per_layer_kernels, engine, cond, uncond, n, reps))
     wall_b, st_b, _ = timed_generate(engine, cond, uncond, n, 1 if quick else 2)
     r.update(batch=batch, batch_object_s=wall_b, batch_tpot_ms=st_b.tpot_ms, batch_objects_per_s=batch / wall_b)
     r["bytes_per_step"] = step_bytes(engine, 2, n)
@@ -125,6 +129,20 @@ def _optional(r: dict, name: str, fn, *args) -> dict[str, Any]:
     except Exception as exc:  # a side measurement must not cost the main figures
         log.exception("%s failed", name)
         return {f"{name}_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _per_layer_kernels(engine, cond, uncond, n: int, reps: int) -> dict[str, Any]:
+    """The same one-prompt generation with 8 kernels a layer (`Launch.persistent_layers=False`), in the same
+    process: the step before the persistent launch, for the ratio."""
+    launch = engine.launch
+    engine.launch = dataclasses.replace(launch, persistent_layers=False)
+    engine.set_mode("fast")
+    try:
+        wall, st, _ = timed_generate(engine, cond[:1], uncond, n, reps)
+    finally:
+        engine.launch = launch
+        engine.set_mode("fast")
+    return {"per_layer_kernels_object_s": wall, "per_layer_kernels_tpot_ms": st.tpot_ms}
 
 
 def _top_p(engine, cond, uncond, n: int) -> dict[str, Any]:
@@ -280,7 +298,8 @@ def _ours_and_peer(v01: dict, v05: dict | None, mesh: dict | None) -> tuple[dict
             "v05_tokens_1024_s": v05["object_s"] if v05 else None,
             "batch8_objects_per_s": v01["batch_objects_per_s"],
             "eager_nocache_tpot_ms": v01["eager_nocache_tpot_ms"], "eager_kv_tpot_ms": v01["eager_kv_tpot_ms"],
-            "achieved_gbps": v01["achieved_gbps"], "shape_decode_s": mesh.get("shape_decode_s") if mesh else None}
+            "achieved_gbps": v01["achieved_gbps"], "shape_decode_s": mesh.get("shape_decode_s") if mesh else None,
+            "v05_tpot_ms": v05["tpot_ms"] if v05 else None}
     n = v01["tokens"]
     # the eager + KV path, measured on a short run in this process, extended to a whole object
     kv_object = (v01["eager_kv_prefill_ms"] + (n - 1) * v01["eager_kv_tpot_ms"]) / 1e3

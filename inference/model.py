@@ -7,7 +7,7 @@ L shape tokens, D width, H heads, d head dim, V vocabulary.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +160,8 @@ class DecodeOps(Protocol):
 
     fuse_pick: bool
 
+    def fused_layers(self, x: Tensor, pos: Tensor, layers: Sequence[LayerWeights], cos: Tensor, sin: Tensor,
+                     eps: float, qk_eps: float) -> Tensor | None: ...
     def layer_norm(self, x: Tensor, eps: float) -> Tensor: ...
     def residual_layer_norm(self, x: Tensor, parts: Tensor, bias: Tensor, eps: float) -> Tensor: ...
     def linear(self, x: Tensor, w: Tensor) -> Tensor: ...
@@ -280,10 +282,13 @@ class Cube3DDecoder(nn.Module):
 
     def decode_hidden(self, x: Tensor, pos: Tensor, ops: DecodeOps) -> Tensor:
         """`decode_step` up to the final LayerNorm, [R, D]: the engine's fused greedy path applies the head itself."""
-        eps, rows = self.cfg.eps, x.shape[0]
+        eps, rows, layers = self.cfg.eps, x.shape[0], self.decode_layers()
         x = x.clone()                                           # residual stream [R, D]
+        h = ops.fused_layers(x, pos, layers, self.rope_cos, self.rope_sin, eps, self.cfg.qk_norm_eps)
+        if h is not None:
+            return h
         h = ops.layer_norm(x, eps)
-        for lw in self.decode_layers():
+        for lw in layers:
             qkv = ops.linear_parts(h, lw.qkv_w)                 # [S, R, 3D] split-K parts, bias added below
             a = ops.qkv_attention(qkv, lw, rows, self.rope_cos, self.rope_sin, pos, self.cfg.qk_norm_eps)  # [R, D]
             h = ops.residual_layer_norm(x, ops.linear_parts(a, lw.proj_w), lw.proj_b, eps)     # x += a Wp^T + b

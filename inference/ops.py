@@ -6,6 +6,8 @@ in a CUDA graph as-is.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,6 +33,11 @@ class TorchOps:
 
     def _w(self, w: Tensor) -> Tensor:
         return w if self.fp8 is None else self.fp8.dense(w)
+
+    def fused_layers(self, x: Tensor, pos: Tensor, layers: Sequence[LayerWeights], cos: Tensor, sin: Tensor,
+                     eps: float, qk_eps: float) -> Tensor | None:
+        """None: the layers run one op at a time (`TritonOps` may run them all in one launch)."""
+        return None
 
     def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         return layer_norm(x, eps)

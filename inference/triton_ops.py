@@ -25,13 +25,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from inference.decode_layers import PersistentLayers
 from inference.fp8 import Fp8Weights
 from inference.model import LayerWeights
 
@@ -526,6 +527,10 @@ class Launch:
     # same loads issued first after the wait, measured slower than both (more registers, the same wait)
     early_loads: bool = True
     pdl: bool = True  # programmatic dependent launch where the device supports it (compute capability >= 9)
+    # one-prompt bf16 steps of the v0.1/v0.5 widths on a Hopper chip: every layer in one persistent CUDA launch
+    # (`inference.decode_layers`, compiled with NVRTC) instead of 8 kernels a layer; False, or where it cannot run:
+    # the kernels here
+    persistent_layers: bool = True
 
     def gemv_config(self, epilogue: int, m: int, n: int, k: int,
                     sms: int) -> tuple[int, int, int, int, int] | None:
@@ -575,10 +580,16 @@ class TritonOps:
         self.gemv = gemv
         self.attn_block_n = None            # tests may force a small block to exercise several splits
         self._ticket: Tensor | None = None  # [1] int32, the pick kernel's count of finished programs
+        self._persistent: PersistentLayers | None | bool = None   # False: tried, cannot run here
 
     @property
     def fuse_pick(self) -> bool:
         return self.launch.fuse_pick
+
+    @property
+    def runs_persistent_layers(self) -> bool:
+        """Whether steps have run every layer in one launch (`fused_layers`) on this device."""
+        return isinstance(self._persistent, PersistentLayers)
 
     @property
     def early(self) -> bool:
@@ -588,6 +599,20 @@ class TritonOps:
         """Launch options and the kernels' PDL flag for `device`."""
         ok = self.launch.pdl and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
         return dict(launch_pdl=True, PDL=True) if ok else dict(PDL=False)
+
+    def fused_layers(self, x: Tensor, pos: Tensor, layers: Sequence[LayerWeights], cos: Tensor, sin: Tensor,
+                     eps: float, qk_eps: float) -> Tensor | None:
+        """Every layer in one persistent launch where it applies (`Launch.persistent_layers`): updates x in place
+        and returns LayerNorm(x) after the last layer; None: run the layers with the kernels below."""
+        if not self.launch.persistent_layers or self.fp8 is not None or self._persistent is False:
+            return None
+        if not PersistentLayers.applies(x, layers, cos):
+            return None
+        if self._persistent is None:
+            self._persistent = PersistentLayers.create(x.device) or False
+            if self._persistent is False:
+                return None
+        return self._persistent(x, pos, layers, cos, sin, eps, qk_eps, pdl=bool(self._pdl(x.device)["PDL"]))
 
     def layer_norm(self, x: Tensor, eps: float) -> Tensor:
         h = torch.empty_like(x)

@@ -1,0 +1,656 @@
+// Every layer of a one-prompt decode step (2 rows: the prompt and its unconditional twin) in one persistent launch,
+// for Hopper (sm_90a); compiled at run time with NVRTC by inference/decode_layers.py. For each layer:
+//   h = LN(x); qkv = h Wqkv^T; a = attention(q/k RMSNorm + RoPE, the new k/v written to the cache);
+//   x += a Wo^T + bo; h = LN(x); act = silu(h Wg^T + bg) * (h Wu^T + bu); x += act Wd^T + bd
+// and h = LN(x) after the last layer. Why one launch: a step of per-layer kernels waits at every kernel boundary
+// for the previous kernel to drain; here the weights keep streaming across the layer's dependencies.
+// - One CTA per multiprocessor (clusters of 4). A producer warp copies the CTA's share of every weight matrix,
+//   8 rows at a time, into a ring of shared-memory stages with bulk copies (cp.async.bulk + mbarriers), running
+//   ahead across phases and layers with at most INFLIGHT copies on their way (more only lengthen the queue every
+//   other global access of the multiprocessor waits in).
+// - Eight consumer warps multiply each stage with mma.m16n8k16 (the weight rows as B, the 2 activation rows as A).
+// - Attention: cluster k < 24 owns the (row, head) pair k, each of its 4 CTAs a quarter of the cache slots; the
+//   producer copies those keys and values through the ring too; rank 0 merges the 4 partial softmaxes it gets
+//   through distributed shared memory.
+// - The down projection is split by CTA pairs (a K half each), the second sending its sums to the first.
+// - Five grid barriers a layer (after q/k/v, attention, the output projection, gate/up and down) on a counter that
+//   only grows: counter[0] counts arrivals, counter[1] launches, so graph replays need no reset.
+// Needs every CTA resident at once (the host sizes the grid by the resident clusters) and no header: bf16 values
+// are raw 16-bit words.
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned short bf16;
+
+constexpr int CW = 8;                  // consumer warps
+constexpr int CT = CW * 32;            // consumer threads
+constexpr int THREADS = CT + 32;       // + the producer warp
+constexpr int D = 1536;                // width
+constexpr int F = 4 * D;               // MLP hidden width
+constexpr int R = 2;                   // rows
+constexpr int H = 12;                  // heads
+constexpr int HD = D / H;              // head size (128: attention maps q to threads 0..127, k to 128..255)
+constexpr int QKV = 3 * D;
+constexpr int ROWS = 8;                // weight rows a stage (mma n)
+constexpr int KS = D;                  // K a stage
+constexpr int RS = KS * 2 + 64;        // padded row stride of the down stages (bytes)
+constexpr int SBP = ROWS * RS;         // stage bytes in shared memory
+constexpr int TX = ROWS * KS * 2;      // bytes a weight stage copies
+constexpr int KW = KS / CW;            // K a consumer warp
+constexpr int CH = KW / 32;            // 16-byte chunks a lane
+constexpr int QB = QKV / ROWS;         // q/k/v stages a layer
+constexpr int OB = D / ROWS;           // output projection stages a layer
+constexpr int NB = 2 * F / ROWS;       // gate/up stages a layer (4 gate and the 4 up rows of the same outputs)
+constexpr int RG = D / ROWS;           // down row groups
+constexpr int SPLITS = 4;              // cluster size: CTAs a (row, head) attention pair
+constexpr int AH = KS * 2 + 32;        // activation row stride in shared memory (elements)
+constexpr int PB = 13 * CW * 16;       // deferred partial sums (up to 13 stages a phase)
+constexpr int MAXG = 4;                // down groups a pair at most
+constexpr int AP = HD + 2;             // a split's attention partial: o[HD], max, sum
+constexpr int KVROWS = 96;             // cache slots a ring stage
+constexpr int STAGES = 8;
+constexpr int INFLIGHT = 2;
+static_assert(2 * HD == CT && KVROWS * HD * 2 <= SBP && F == 4 * KS, "the thread maps assume these shapes");
+
+struct LayerW {
+  const bf16 *qkv_w, *qkv_b, *q_norm, *k_norm, *proj_w, *proj_b, *gw, *gb, *dw, *db;
+  bf16 *kc, *vc;           // [rows, H, len, HD]
+  long long len, offset;   // cache slots; where shape tokens start (condition tokens come first)
+};
+
+struct Params {
+  const LayerW* layers;
+  bf16* x;                 // [R, D] residual, in place
+  bf16* h;                 // [R, D] out: LN(x) after the last layer
+  float* qkv;              // [R, QKV] scratch
+  bf16* attn;              // [R, D] scratch: merged attention output
+  bf16* act;               // [R, F] scratch
+  const long long* pos;    // [1] the new token's shape position
+  const float* cos;        // [positions, HD / 2]
+  const float* sin;
+  unsigned long long* counter;   // [2]: barrier arrivals, launches
+  int n_layers;
+  float eps, qk_eps, scale;
+};
+
+__device__ __forceinline__ float bf(bf16 v) { return __uint_as_float((uint32_t)v << 16); }
+__device__ __forceinline__ bf16 to_bf(float f) {   // round to nearest even, as __float2bfloat16
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;
+  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float round_bf(float v) { return bf(to_bf(v)); }
+__device__ __forceinline__ float lo_bf(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// spin on an mbarrier phase; the cluster form also acquires what other CTAs of the cluster wrote before it
+#define MBAR_WAIT_LOOP(op) \
+  "{\n.reg .pred P1;\nLAB_WAIT:\n" op " P1, [%0], %1;\n@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n"
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(MBAR_WAIT_LOOP("mbarrier.try_wait.parity.shared::cta.b64") ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(MBAR_WAIT_LOOP("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64") ::"r"(bar), "r"(parity)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// a float into another CTA's shared memory, counted by its mbarrier
+__device__ __forceinline__ void send_f32(uint32_t dst, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
+               "r"(bar) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory"); }
+
+// L2 loads of what other CTAs write during the launch: volatile with a memory clobber, so the compiler neither
+// hoists them out of the layer loop nor moves them across a barrier
+__device__ __forceinline__ float ldcg_f32(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 ldcg_u4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  return v;
+}
+// over the consumer threads (every one gets it); red: CW floats, free on entry
+__device__ __forceinline__ float block_sum(float v, float* red, int tid) {
+  v = warp_sum(v);
+  if ((tid & 31) == 0) red[tid >> 5] = v;
+  consumers_sync();
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < CW; w++) s += red[w];
+  consumers_sync();
+  return s;
+}
+__device__ __forceinline__ float block_max(float v, float* red, int tid) {
+  v = warp_max(v);
+  if ((tid & 31) == 0) red[tid >> 5] = v;
+  consumers_sync();
+  float s = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int w = 0; w < CW; w++) s = fmaxf(s, red[w]);
+  consumers_sync();
+  return s;
+}
+
+// grid barrier: a release reduction on the arrival counter, then acquire polls until thread 0's target
+__device__ __forceinline__ void grid_sync(unsigned long long* ctr, unsigned long long& next, int tid) {
+  consumers_sync();
+  if (tid == 0) {
+    next += gridDim.x;
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(ctr) : "memory");
+    unsigned long long cur;
+    do {
+      asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(cur) : "l"(ctr) : "memory");
+    } while (cur < next);
+  }
+  consumers_sync();
+}
+
+// x (global) into xs, then hs = LN(xs) (no affine, float32 inside); the row sums and sums of squares in one
+// reduction (the variance as E[x^2] - mean^2: float32 keeps it to about 1e-6 of the variance for means up to a few
+// standard deviations, far below bf16's rounding of the output). red: CW * 2R floats
+__device__ void load_x_ln(const bf16* x, bf16* xs, bf16* hs, float* red, float eps, int tid) {
+  for (int i = tid; i < R * D / 8; i += CT)
+    reinterpret_cast<uint4*>(xs)[i] = ldcg_u4(reinterpret_cast<const uint4*>(x) + i);
+  consumers_sync();
+  constexpr int E = D / CT;
+  float v[R][E], s[R], q[R];
+  const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    s[r] = 0.f;
+    q[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      v[r][e] = bf(xs[r * D + tid + e * CT]);
+      s[r] += v[r][e];
+      q[r] = fmaf(v[r][e], v[r][e], q[r]);
+    }
+    s[r] = warp_sum(s[r]);
+    q[r] = warp_sum(q[r]);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      red[warp * 2 * R + r] = s[r];
+      red[warp * 2 * R + R + r] = q[r];
+    }
+  }
+  consumers_sync();
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float ts = 0.f, tq = 0.f;
+#pragma unroll
+    for (int w = 0; w < CW; w++) {
+      ts += red[w * 2 * R + r];
+      tq += red[w * 2 * R + R + r];
+    }
+    const float mean = ts / D, rstd = rsqrtf(fmaxf(tq / D - mean * mean, 0.f) + eps);
+#pragma unroll
+    for (int e = 0; e < E; e++) hs[r * D + tid + e * CT] = to_bf((v[r][e] - mean) * rstd);
+  }
+  consumers_sync();
+}
+
+__device__ __forceinline__ void mma(float* c, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// One stage: the warp's K slice of 8 weight rows against the activation fragments a[CH]. Each lane's 16-byte chunk
+// (8 consecutive K) feeds the mma's k slots 2t, 2t+1, 2t+8, 2t+9 in A and B alike, so the sum over K is exact.
+__device__ __forceinline__ void stage_mma(const unsigned char* st, const uint4* a, float (*c)[4]) {
+#pragma unroll
+  for (int i = 0; i < CH; i++) {
+    const uint4 w = *reinterpret_cast<const uint4*>(st + i * 64);
+    mma(c[i & 1], a[i].x, a[i].y, w.x, w.y);
+    mma(c[i & 1], a[i].z, a[i].w, w.z, w.w);
+  }
+}
+
+// the activation fragments of rows 0..R-1 (zeros for the mma's other 14 rows)
+__device__ __forceinline__ void load_fragments(uint4* a, const bf16* v, int stride, int koff, int g) {
+#pragma unroll
+  for (int i = 0; i < CH; i++)
+    a[i] = g < R ? *reinterpret_cast<const uint4*>(v + g * stride + koff + i * 32) : make_uint4(0, 0, 0, 0);
+}
+
+// the producer: wait for a free stage (and for all but INFLIGHT older copies to land), then arm it for `bytes`
+__device__ __forceinline__ uint32_t acquire(int it, const uint64_t* full, const uint64_t* empty, uint32_t bytes) {
+  const int s = it % STAGES;
+  mbar_wait(smem_addr(empty + s), ((it / STAGES) & 1) ^ 1);
+  if (it >= INFLIGHT) {
+    const int j = it - INFLIGHT;
+    mbar_wait(smem_addr(full + j % STAGES), (j / STAGES) & 1);
+  }
+  mbar_expect_tx(smem_addr(full + s), bytes);
+  return s;
+}
+
+// n stages of 8 weight rows x KS against the fragments a; partial sums [stage][warp][16] into part
+__device__ __forceinline__ void gemv_stages(int n, int& it, const unsigned char* ring, const uint64_t* full,
+                                            const uint64_t* empty, const uint4* a, float* part, int koff) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  for (int u = 0; u < n; u++, it++) {
+    const int s = it % STAGES;
+    mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
+    float acc[2][4] = {};
+    stage_mma(ring + s * SBP + g * (KS * 2) + koff * 2, a, acc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(empty + s));
+    if (g < R) {   // acc[.][0..1]: activation row g, weight rows 2t and 2t + 1
+      float* dst = part + (u * CW + warp) * 16 + g * 8 + 2 * t;
+      dst[0] = acc[0][0] + acc[1][0];
+      dst[1] = acc[0][1] + acc[1][1];
+    }
+  }
+}
+
+// the sum over warps of stage u's output (row r, weight row j of the stage)
+__device__ __forceinline__ float stage_sum(const float* part, int u, int r, int j) {
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < CW; w++) s += part[(u * CW + w) * 16 + r * 8 + j];
+  return s;
+}
+
+// the cache slots of one split: n filled (the new token's included), cnt of them from lo, old of them already in
+// the cache (the last split owns the new token's slot, which it takes from shared memory)
+struct Split {
+  long long n, lo;
+  int cnt, old;
+};
+__device__ __forceinline__ Split split_of(const LayerW& L, long long pos, int rank) {
+  Split sp;
+  sp.n = L.offset + pos + 1;
+  sp.lo = rank * sp.n / SPLITS;
+  sp.cnt = (int)((rank + 1) * sp.n / SPLITS - sp.lo);
+  sp.old = sp.cnt - (rank == SPLITS - 1 ? 1 : 0);
+  return sp;
+}
+
+// One split of the (row, head) pair pr: q and the new k (RMSNorm, RoPE) and v from the q/k/v sums, the new k and
+// v written to the cache by the split that owns their slot, the softmax over this split's slots (their keys and
+// values from the ring), merged on rank 0, which writes the pair's output. scratch: 3 HD + the split's slots
+// floats; ored: 16 x HD floats.
+__device__ void attention_split(const Params& p, const LayerW& L, long long pos, int pr, int rank, float* scratch,
+                                float* ored, float* red, float* apeer, uint64_t* attn_bar, int l, int tid, int& it,
+                                const unsigned char* ring, const uint64_t* full, const uint64_t* empty) {
+  const int r = pr % R, hh = pr / R, warp = tid >> 5, lane = tid & 31;
+  float* qf = scratch;
+  float* kf = scratch + HD;
+  float* vf = scratch + 2 * HD;
+  float* sc = scratch + 3 * HD;
+  const Split sp = split_of(L, pos, rank);
+  const int cnt = sp.cnt;
+  if (rank == 0 && tid == 0) mbar_expect_tx(smem_addr(attn_bar), (SPLITS - 1) * AP * 4);
+  {  // threads 0..HD-1: q (and v), HD..2HD-1: k
+    const int d = tid & (HD - 1);
+    const bool isk = tid >= HD;
+    const int col = (isk ? D : 0) + hh * HD + d;
+    const float v = ldcg_f32(p.qkv + r * QKV + col) + bf(L.qkv_b[col]);
+    const float ss = warp_sum(v * v);
+    if (lane == 0) red[warp] = ss;
+    float vv = 0.f;
+    if (!isk) vv = round_bf(ldcg_f32(p.qkv + r * QKV + 2 * D + hh * HD + d) + bf(L.qkv_b[2 * D + hh * HD + d]));
+    consumers_sync();
+    const int w0 = isk ? 4 : 0;
+    const float tot = red[w0] + red[w0 + 1] + red[w0 + 2] + red[w0 + 3];
+    const float y = v * rsqrtf(tot / HD + p.qk_eps) * bf(isk ? L.k_norm[d] : L.q_norm[d]);
+    const float other = __shfl_xor_sync(0xffffffff, y, 1);
+    const float c = p.cos[pos * (HD / 2) + (d >> 1)], s = p.sin[pos * (HD / 2) + (d >> 1)];
+    const float rot = (d & 1) ? other * s + y * c : y * c - other * s;   // (x0, x1) rotated as a complex number
+    const size_t slot = ((size_t)(r * H + hh) * L.len + (sp.n - 1)) * HD + d;
+    if (isk) {
+      kf[d] = round_bf(rot);
+      if (rank == SPLITS - 1) L.kc[slot] = to_bf(rot);
+    } else {
+      qf[d] = rot;
+      vf[d] = vv;
+      if (rank == SPLITS - 1) L.vc[slot] = to_bf(vv);
+    }
+  }
+  consumers_sync();
+  float mx = -__int_as_float(0x7f800000);
+  const int nch = (sp.old + KVROWS - 1) / KVROWS;
+  for (int m = 0; m < nch; m++, it++) {   // scores, a thread a slot
+    const int s = it % STAGES, base = m * KVROWS, cn = min(KVROWS, sp.old - base);
+    mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
+    if (tid < cn) {
+      const unsigned char* row = ring + s * SBP + tid * HD * 2;
+      float acc = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < HD / 8; jj++) {
+        const int j = (jj + tid) & (HD / 8 - 1);   // rotated, so the threads' 16-byte reads spread over the banks
+        const uint4 w = *reinterpret_cast<const uint4*>(row + j * 16);
+        const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          acc = fmaf(qf[j * 8 + 2 * e], lo_bf(wv[e]), acc);
+          acc = fmaf(qf[j * 8 + 2 * e + 1], hi_bf(wv[e]), acc);
+        }
+      }
+      acc *= p.scale;
+      sc[base + tid] = acc;
+      mx = fmaxf(mx, acc);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(empty + s));
+  }
+  if (sp.old < cnt && warp == CW - 1) {   // the new token's slot
+    float v = 0.f;
+#pragma unroll
+    for (int e = 0; e < HD / 32; e++) v = fmaf(qf[lane * (HD / 32) + e], kf[lane * (HD / 32) + e], v);
+    v = warp_sum(v) * p.scale;
+    if (lane == 0) sc[cnt - 1] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = block_max(mx, red, tid);
+  float ls = 0.f;
+  for (int i = tid; i < cnt; i += CT) {
+    const float e = __expf(sc[i] - mx);
+    sc[i] = e;
+    ls += e;
+  }
+  ls = block_sum(ls, red, tid);   // its barriers also publish sc
+  {  // o: 16 groups of slots x 16 chunks of 8 dims
+    const int dc = tid & 15, grp = tid >> 4;
+    float acc[8] = {};
+    for (int m = 0; m < nch; m++, it++) {
+      const int s = it % STAGES, base = m * KVROWS, cn = min(KVROWS, sp.old - base);
+      mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
+      for (int i = grp; i < cn; i += 16) {
+        const float pw = sc[base + i];
+        const uint4 w = *reinterpret_cast<const uint4*>(ring + s * SBP + i * HD * 2 + dc * 16);
+        const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          acc[2 * e] = fmaf(pw, lo_bf(wv[e]), acc[2 * e]);
+          acc[2 * e + 1] = fmaf(pw, hi_bf(wv[e]), acc[2 * e + 1]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_addr(empty + s));
+    }
+    if (sp.old < cnt && grp == 0) {
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[e] = fmaf(sc[cnt - 1], vf[dc * 8 + e], acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) ored[grp * HD + dc * 8 + e] = acc[e];
+  }
+  consumers_sync();
+  float o = 0.f;
+  if (tid < HD) {
+#pragma unroll
+    for (int gq = 0; gq < 16; gq++) o += ored[gq * HD + tid];
+  }
+  if (rank != 0) {   // (o, max, sum) to rank 0
+    const uint32_t bar = map_to_rank(smem_addr(attn_bar), 0);
+    const uint32_t dst = map_to_rank(smem_addr(apeer + (rank - 1) * AP), 0);
+    if (tid < AP) send_f32(dst + tid * 4, tid < HD ? o : (tid == HD ? mx : ls), bar);
+  } else {
+    mbar_wait_cluster(smem_addr(attn_bar), l & 1);
+    if (tid < HD) {
+      float m = mx;
+#pragma unroll
+      for (int s = 0; s < SPLITS - 1; s++) m = fmaxf(m, apeer[s * AP + HD]);
+      float den = ls * __expf(mx - m), num = o * __expf(mx - m);
+#pragma unroll
+      for (int s = 0; s < SPLITS - 1; s++) {
+        const float f = __expf(apeer[s * AP + HD] - m);
+        den = fmaf(apeer[s * AP + HD + 1], f, den);
+        num = fmaf(apeer[s * AP + tid], f, num);
+      }
+      p.attn[r * D + hh * HD + tid] = to_bf(num / den);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_layers(Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * SBP);
+  uint64_t* empty = full + STAGES;
+  uint64_t* peer_bar = empty + STAGES;                        // down: the pair's second CTA's sums
+  uint64_t* attn_bar = peer_bar + 1;                          // attention: ranks 1.. partials
+  bf16* xs = reinterpret_cast<bf16*>(attn_bar + 1);           // [R, D] this CTA's copy of x
+  bf16* as = xs + R * D;                                      // [R, AH] activations of a phase
+  bf16* hs = as;                                              // [R, D] LN(x)
+  float* part = reinterpret_cast<float*>(as + R * AH);        // [PB]
+  float* sums = part + PB;                                    // [MAXG * 16]
+  float* peer = sums + MAXG * 16;                             // [MAXG * 16]
+  float* red = peer + MAXG * 16;                              // [CW * 2R]
+  float* apeer = red + CW * 2 * R;                            // [SPLITS - 1][AP] on rank 0
+  static_assert(16 * HD * 4 <= R * AH * 2, "attention's reduction must fit where the activations go");
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int G = gridDim.x, c = blockIdx.x;
+  const int rank = (int)cluster_rank(), prank = rank & 1, pair = c >> 1, P = G >> 1;
+  const int qb0 = c * QB / G, qb1 = (c + 1) * QB / G;
+  const int ob0 = c * OB / G, ob1 = (c + 1) * OB / G;
+  const int b0 = c * NB / G, b1 = (c + 1) * NB / G;
+  const int g0 = pair * RG / P, g1 = (pair + 1) * RG / P;
+  const int apair = c / SPLITS;   // this cluster's (row, head) pair, when < R * H
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(smem_addr(full + s), 1);
+      mbar_init(smem_addr(empty + s), CW);
+    }
+    mbar_init(smem_addr(peer_bar), 1);
+    mbar_init(smem_addr(attn_bar), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == CW) {  // producer: weights are never written during a step, so it starts before the PDL wait
+    if (lane == 0) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      int it = 0;
+      long long pos = 0;
+      for (int l = 0; l < p.n_layers; l++) {
+        const LayerW L = p.layers[l];
+        for (int u = qb0; u < qb1; u++, it++) {
+          const int s = acquire(it, full, empty, TX);
+          bulk_copy(smem_addr(ring + s * SBP), L.qkv_w + (size_t)u * ROWS * D, TX, smem_addr(full + s), policy);
+        }
+        if (apair < R * H) {   // this split's cached keys, then values
+          if (l == 0) {   // the position is written by the kernel before this one
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            pos = p.pos[0];
+          }
+          const Split sp = split_of(L, pos, rank);
+          const size_t head = ((size_t)(apair % R) * H + apair / R) * L.len + sp.lo;
+          for (int kv = 0; kv < 2; kv++)
+            for (int m = 0; m * KVROWS < sp.old; m++, it++) {
+              const uint32_t bytes = min(KVROWS, sp.old - m * KVROWS) * HD * 2;
+              const int s = acquire(it, full, empty, bytes);
+              bulk_copy(smem_addr(ring + s * SBP), (kv ? L.vc : L.kc) + (head + m * KVROWS) * HD, bytes,
+                        smem_addr(full + s), policy);
+            }
+        }
+        for (int u = ob0; u < ob1; u++, it++) {
+          const int s = acquire(it, full, empty, TX);
+          bulk_copy(smem_addr(ring + s * SBP), L.proj_w + (size_t)u * ROWS * D, TX, smem_addr(full + s), policy);
+        }
+        for (int u = b0; u < b1; u++, it++) {
+          const int s = acquire(it, full, empty, TX);
+          const uint32_t bar = smem_addr(full + s), dst = smem_addr(ring + s * SBP);
+          bulk_copy(dst, L.gw + (size_t)u * 4 * D, 4 * D * 2, bar, policy);
+          bulk_copy(dst + 4 * D * 2, L.gw + ((size_t)F + u * 4) * D, 4 * D * 2, bar, policy);
+        }
+        for (int q = g0; q < g1; q++)
+          for (int kk = 0; kk < 2; kk++, it++) {   // padded rows: the consumers' reads spread over the banks
+            const int s = acquire(it, full, empty, TX);
+            const uint32_t bar = smem_addr(full + s), dst = smem_addr(ring + s * SBP);
+            const size_t k0 = (size_t)(2 * prank + kk) * KS;
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+              bulk_copy(dst + r * RS, L.dw + ((size_t)q * ROWS + r) * F + k0, KS * 2, bar, policy);
+          }
+      }
+    }
+    return;
+  }
+
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+  const long long pos = p.pos[0];
+  unsigned long long launch = 0, next = 0;   // thread 0: launches before this one, the next barrier's target
+  if (tid == 0) {
+    asm volatile("ld.relaxed.gpu.u64 %0, [%1];" : "=l"(launch) : "l"(p.counter + 1) : "memory");
+    next = launch * (unsigned long long)(5 * p.n_layers) * G;
+  }
+  int it = 0;
+  const int koff = warp * KW + t * 8;   // this lane's first K element in a stage
+  uint4 a[CH];
+  for (int l = 0; l < p.n_layers; l++) {
+    const LayerW L = p.layers[l];
+    load_x_ln(p.x, xs, hs, red, p.eps, tid);
+
+    // q/k/v, sums without the bias
+    load_fragments(a, hs, D, koff, g);
+    gemv_stages(qb1 - qb0, it, ring, full, empty, a, part, koff);
+    consumers_sync();
+    for (int e = tid; e < (qb1 - qb0) * ROWS * R; e += CT) {
+      const int u = e / (ROWS * R), r = (e / ROWS) % R, j = e % ROWS;
+      p.qkv[r * QKV + (qb0 + u) * ROWS + j] = stage_sum(part, u, r, j);
+    }
+    grid_sync(p.counter, next, tid);
+
+    if (apair < R * H)
+      attention_split(p, L, pos, apair, rank, part, reinterpret_cast<float*>(as), red, apeer, attn_bar, l, tid, it,
+                      ring, full, empty);
+    grid_sync(p.counter, next, tid);
+
+    // output projection and residual: x += attn Wo^T + bo
+    for (int i = tid; i < R * D / 8; i += CT) {
+      const int r = i / (D / 8), k = i % (D / 8);
+      reinterpret_cast<uint4*>(as + r * AH)[k] = ldcg_u4(reinterpret_cast<const uint4*>(p.attn + r * D) + k);
+    }
+    consumers_sync();
+    load_fragments(a, as, AH, koff, g);
+    gemv_stages(ob1 - ob0, it, ring, full, empty, a, part, koff);
+    consumers_sync();
+    for (int e = tid; e < (ob1 - ob0) * ROWS * R; e += CT) {
+      const int u = e / (ROWS * R), r = (e / ROWS) % R, j = e % ROWS, n = (ob0 + u) * ROWS + j;
+      p.x[r * D + n] = to_bf(bf(xs[r * D + n]) + (stage_sum(part, u, r, j) + bf(L.proj_b[n])));
+    }
+    grid_sync(p.counter, next, tid);
+    load_x_ln(p.x, xs, hs, red, p.eps, tid);
+
+    // gate/up + SwiGLU
+    load_fragments(a, hs, D, koff, g);
+    float gbv = 0.f, ubv = 0.f;   // the biases, loaded before the stages need them
+    if (tid < (b1 - b0) * 4 * R) {
+      const int n = (b0 + tid / (4 * R)) * 4 + tid % 4;
+      gbv = bf(L.gb[n]);
+      ubv = bf(L.gb[F + n]);
+    }
+    gemv_stages(b1 - b0, it, ring, full, empty, a, part, koff);
+    consumers_sync();
+    for (int e = tid; e < (b1 - b0) * 4 * R; e += CT) {
+      const int u = e / (4 * R), r = (e / 4) % R, j = e % 4, n = (b0 + u) * 4 + j;
+      const float gs = stage_sum(part, u, r, j) + gbv, us = stage_sum(part, u, r, 4 + j) + ubv;
+      p.act[r * F + n] = to_bf(gs / (1.f + __expf(-gs)) * us);
+    }
+    grid_sync(p.counter, next, tid);
+
+    // down and residual: this CTA's K half of act against its pair's groups of 8 rows (two stages each); the
+    // pair's second CTA sends its sums to the first, which adds them, the bias and the residual
+    for (int i = tid; i < R * KS * 2 / 8; i += CT) {
+      const int r = i / (KS * 2 / 8), k = i % (KS * 2 / 8);
+      reinterpret_cast<uint4*>(as + r * AH)[k] =
+          ldcg_u4(reinterpret_cast<const uint4*>(p.act + r * F + prank * 2 * KS) + k);
+    }
+    consumers_sync();
+    const int nsum = (g1 - g0) * 16;
+    float dbv = 0.f;
+    if (prank == 0 && tid < nsum) dbv = bf(L.db[(g0 + tid / 16) * ROWS + tid % 8]);
+    if (prank == 0 && tid == 0) mbar_expect_tx(smem_addr(peer_bar), nsum * 4);
+    for (int q = g0; q < g1; q++) {
+      float acc[2][4] = {};
+      for (int kk = 0; kk < 2; kk++, it++) {
+        const int s = it % STAGES;
+        mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
+        load_fragments(a, as + kk * KS, AH, koff, g);
+        stage_mma(ring + s * SBP + g * RS + koff * 2, a, acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(empty + s));
+      }
+      if (g < R) {
+        float* dst = part + ((q - g0) * CW + warp) * 16 + g * 8 + 2 * t;
+        dst[0] = acc[0][0] + acc[1][0];
+        dst[1] = acc[0][1] + acc[1][1];
+      }
+    }
+    consumers_sync();
+    if (tid < nsum) {
+      const float sum = stage_sum(part, tid / 16, (tid % 16) / 8, tid % 8);
+      if (prank == 1)
+        send_f32(map_to_rank(smem_addr(peer + tid), rank - 1), sum, map_to_rank(smem_addr(peer_bar), rank - 1));
+      else
+        sums[tid] = sum;
+    }
+    consumers_sync();
+    if (prank == 0) {
+      mbar_wait_cluster(smem_addr(peer_bar), l & 1);
+      if (tid < nsum) {
+        const int qi = tid / 16, r = (tid % 16) / 8, j = tid % 8, n = (g0 + qi) * ROWS + j;
+        p.x[r * D + n] = to_bf(bf(xs[r * D + n]) + (sums[tid] + peer[tid] + dbv));
+      }
+    }
+    grid_sync(p.counter, next, tid);
+  }
+  if (c == 0) {   // every CTA read the launch count before its first barrier: count this launch
+    if (tid == 0) asm volatile("st.relaxed.gpu.u64 [%0], %1;" ::"l"(p.counter + 1), "l"(launch + 1) : "memory");
+    load_x_ln(p.x, xs, p.h, red, p.eps, tid);
+  }
+}

@@ -1,0 +1,141 @@
+"""The persistent decode-layers kernel: compiled with NVRTC on the CPU (its host-side layout checked against the
+kernel's structs), and on a Hopper GPU the same step as the per-layer kernels and the PyTorch ops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from inference import decode_layers
+from inference.config import Cube3DConfig
+from inference.decode_layers import PersistentLayers, compile_cubin
+from inference.layers import KVCache, rope_tables
+from inference.model import LayerWeights
+from inference.ops import TorchOps
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                            reason="needs a Hopper GPU (sm_90); run through the device tool")
+
+
+def test_kernel_compiles_for_hopper_with_nvrtc_alone():
+    cubin = compile_cubin()
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
+
+
+def test_host_layout_matches_the_kernel(tmp_path, monkeypatch):
+    """The Params bytes the host packs, the layer table's columns and the shared memory it asks for are what the
+    kernel's structs and buffers take: static assertions compiled into the kernel source."""
+    checks = (f"\nstatic_assert(sizeof(Params) == 96 && sizeof(LayerW) == 14 * 8, \"host packing\");\n"
+              f"static_assert(STAGES * SBP + 16 * STAGES + 16 + R * D * 2 + R * AH * 2 + "
+              f"(PB + 2 * MAXG * 16 + CW * 2 * R + (SPLITS - 1) * AP) * 4 == {decode_layers.SMEM},"
+              f" \"shared memory\");\n"
+              f"static_assert(THREADS == {decode_layers.THREADS} && SPLITS == {decode_layers.CLUSTER} && "
+              f"PB - 3 * HD == {decode_layers.MAX_SPLIT_SLOTS} && D == {decode_layers.D} && F == {decode_layers.F}"
+              f" && H == {decode_layers.H}, \"constants\");\n")
+    source = tmp_path / "decode_layers.cu"
+    source.write_text(decode_layers.SOURCE.read_text() + checks)
+    monkeypatch.setattr(decode_layers, "SOURCE", source)
+    compile_cubin()
+    source.write_text(decode_layers.SOURCE.read_text() + "\nstatic_assert(sizeof(Params) == 88, \"wrong\");\n")
+    with pytest.raises(Exception, match="static assertion|wrong"):
+        compile_cubin()
+
+
+def _layers(n: int, cache_len: int, device: str, dtype=torch.bfloat16, seed: int = 0) -> list[LayerWeights]:
+    cfg = Cube3DConfig.from_name("v0.1")
+    d, f, h, hd = cfg.n_embd, cfg.mlp_hidden, cfg.n_head, cfg.head_dim
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g, device=device) * std).to(dtype)
+    out = []
+    for i in range(n):
+        cache = KVCache(2, h, cache_len - (0 if i < n - 1 else 80), hd, dtype, device)
+        cache.k.copy_(rnd(*cache.k.shape, std=1.0))
+        cache.v.copy_(rnd(*cache.v.shape, std=1.0))
+        qkv_b = torch.cat([torch.zeros(2 * d, device=device, dtype=dtype), rnd(d)])
+        out.append(LayerWeights(rnd(3 * d, d), qkv_b, 1 + rnd(hd, std=0.1), 1 + rnd(hd, std=0.1), rnd(d, d), rnd(d),
+                                rnd(2 * f, d), rnd(2 * f), rnd(d, f), rnd(d), cache, 77 if i < n - 1 else 0))
+    return out
+
+
+def test_applies_only_to_the_shapes_it_was_compiled_for():
+    layers = _layers(2, 592, "cpu")
+    x = torch.zeros(2, 1536, dtype=torch.bfloat16)
+    cos = torch.zeros(512, 64)
+    assert PersistentLayers.applies(x, layers, cos)
+    assert not PersistentLayers.applies(x.float(), layers, cos)
+    assert not PersistentLayers.applies(torch.zeros(16, 1536, dtype=torch.bfloat16), layers, cos)   # batch bucket
+    too_long = _layers(1, 4 * decode_layers.MAX_SPLIT_SLOTS + 80, "cpu")
+    assert not PersistentLayers.applies(x, too_long, cos)
+    assert PersistentLayers.create(torch.device("cpu")) is None
+
+
+def _decode(ops, x0: torch.Tensor, layers: list[LayerWeights], pos: torch.Tensor, cos, sin) -> tuple:
+    from inference.triton_ops import TritonOps
+
+    x = x0.clone()
+    fused = ops.fused_layers(x, pos, layers, cos, sin, 1e-6, 1e-5) if isinstance(ops, TritonOps) else None
+    if fused is not None:
+        return fused, x
+    h = ops.layer_norm(x, 1e-6)
+    for lw in layers:
+        a = ops.qkv_attention(ops.linear_parts(h, lw.qkv_w), lw, 2, cos, sin, pos, 1e-5)
+        h = ops.residual_layer_norm(x, ops.linear_parts(a, lw.proj_w), lw.proj_b, 1e-6)
+        h = ops.residual_layer_norm(x, ops.linear_parts(ops.linear_swiglu(h, lw.gu_w, lw.gu_b), lw.down_w),
+                                    lw.down_b, 1e-6)
+    return h, x
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@hopper
+@pytest.mark.parametrize("position", [0, 2, 255, 511])
+def test_one_launch_equals_the_per_layer_kernels_and_the_torch_ops(position):
+    """Hidden state, residual and the new cache slot after 4 layers (3 with the condition tokens first, the last
+    without): as close to the PyTorch ops as the per-layer kernels are, in bf16."""
+    from inference.triton_ops import Launch, TritonOps
+
+    dev = torch.device("cuda")
+    layers = _layers(4, 592, "cuda", seed=position)
+    cos, sin = rope_tables(128, 512, 10000.0, dev)
+    pos = torch.tensor([position], device=dev)
+    x0 = torch.randn(2, 1536, device=dev, generator=torch.Generator(device=dev).manual_seed(1)).bfloat16()
+    fused_ops = TritonOps()
+    h_f, x_f = _decode(fused_ops, x0, layers, pos, cos, sin)
+    assert fused_ops.runs_persistent_layers
+    new_f = [(lw.cache.k[:2, :, lw.offset + position].clone(), lw.cache.v[:2, :, lw.offset + position].clone())
+             for lw in layers]
+    per_layer = TritonOps(dataclasses.replace(Launch(), persistent_layers=False))
+    h_k, x_k = _decode(per_layer, x0, layers, pos, cos, sin)
+    assert not per_layer.runs_persistent_layers
+    h_t, x_t = _decode(TorchOps(), x0, layers, pos, cos, sin)
+    assert _rel(h_f, h_k) < 1e-2 and _rel(x_f, x_k) < 1e-2
+    assert _rel(h_f, h_t) < 1.5 * _rel(h_k, h_t) + 1e-3
+    assert _rel(x_f, x_t) < 1.5 * _rel(x_k, x_t) + 1e-3
+    for lw, (k_f, v_f) in zip(layers, new_f):
+        k_t, v_t = lw.cache.k[:2, :, lw.offset + position], lw.cache.v[:2, :, lw.offset + position]
+        assert _rel(k_f, k_t) < 2e-2 and _rel(v_f, v_t) < 2e-2
+
+
+@hopper
+def test_engine_generates_through_the_persistent_layers_in_a_graph():
+    """A v0.1-shaped bf16 engine decodes one prompt with the kernel inside its CUDA graph, as many tokens as asked,
+    each a shape code; the batch bucket keeps the per-layer kernels."""
+    from inference.engine import Engine
+
+    cfg = Cube3DConfig.from_name("v0.1")
+    engine = Engine("v0.1", None, "cuda", torch.bfloat16, mode="fast", batch_buckets=(1, 2), init_std=0.02)
+    text = torch.randn(3, cfg.text_tokens, cfg.text_model_embed_dim, generator=torch.Generator().manual_seed(0))
+    cond = engine.condition(text)
+    ids = engine.generate(cond[:1], cond[2:], n_tokens=48)
+    assert engine.ops.runs_persistent_layers
+    assert ids.shape == (1, 48) and 0 <= int(ids.min()) and int(ids.max()) < cfg.shape_model_vocab_size
+    again = engine.generate(cond[:1], cond[2:], n_tokens=48)
+    assert torch.equal(ids, again)
+    both = engine.generate(cond[:2], cond[2:], n_tokens=16)
+    assert both.shape == (2, 16)

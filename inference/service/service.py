@@ -121,14 +121,15 @@ class GenerationService:
         self._worker.start()
 
     # ---- callers ---------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
-        """Queue a request; raises `BadRequestError` or `QueueFullError` at once, never blocks."""
+    def submit(self, request: GenerationRequest, bounded: bool = True) -> "Future[GenerationResult]":
+        """Queue a request; raises `BadRequestError` or `QueueFullError` at once, never blocks. `bounded` False: the
+        warm-up's batches, which fill the largest bucket whatever `queue_size` is."""
         check_request(request, 10 * self.cfg.timeout_s)
         future: Future = Future()
         with self._cv:
             if self._closed:
                 raise ServiceClosedError("the generation service is shutting down; retry on another instance")
-            if len(self._queue) >= self.cfg.queue_size:
+            if bounded and len(self._queue) >= self.cfg.queue_size:
                 self.stats_of(request).count("rejected")
                 raise QueueFullError(f"the generation queue is full ({self.cfg.queue_size} requests waiting); "
                                      "retry in a few seconds, or start the service with a larger `queue_size`")
@@ -154,7 +155,7 @@ class GenerationService:
             # one request names an asset, so the feature fetch path is warm too (it is not expected to exist)
             requests = [GenerationRequest("warm up", seed=i, asset_id="warm-up" if i == 0 else None)
                         for i in range(bucket)]
-            for future in [self.submit(r) for r in requests]:
+            for future in [self.submit(r, bounded=False) for r in requests]:
                 future.result()
         self.stats, self.shadow_stats = ServiceStats(), ServiceStats()
         self.fetcher.fallbacks.update(dict.fromkeys(self.fetcher.fallbacks, 0))

@@ -79,7 +79,8 @@ class ShadowStats:
         with self._lock:
             for version, row in self._by_version.items():
                 n = max(1, row["outcomes"]["compared"])
-                out[version] = {"outcomes": dict(row["outcomes"]), **row["latency"].percentiles_ms(),
+                percentiles = {f"{k}_ms": v for k, v in row["latency"].percentiles_ms().items()}
+                out[version] = {"outcomes": dict(row["outcomes"]), **percentiles,
                                 "token_agreement": row["tokens"] / n, "bbox_difference": row["bbox"] / n,
                                 "volume_difference": row["volume"] / n}
         return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -43,6 +44,7 @@ MAX_BODY_BYTES = 64 << 10  # generate-server's limit: a larger body would only b
 MAX_JOBS_PER_REPLICA = 1024  # as many as a replica remembers
 JSON = b"application/json"
 Reply = tuple[int, bytes, bytes, list]
+_JOB_ID = re.compile(r"[A-Za-z0-9_.~-]{1,128}")  # a replica's job ids are hex
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,16 @@ def _reply(answer: Answer, replica: Optional[Replica]) -> Reply:
 
 
 def _with_gateway_job_id(answer: Answer, replica: Replica) -> tuple[Answer, Optional[str]]:
-    """A 202's job id, `poll` and `Location` as the gateway's (`{tag}-{id}`); the answer unchanged otherwise."""
+    """A 202's job id, `poll` and `Location` as the gateway's (`{tag}-{id}`); the answer unchanged otherwise (also
+    for an id that is not a URL-safe string: it goes into a header and a path)."""
     try:
         data = orjson.loads(answer.body)
-        job_id = f"{replica.tag}-{data['job_id']}"
+        replica_job = data["job_id"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return answer, None
+    if not isinstance(replica_job, str) or not _JOB_ID.fullmatch(replica_job):
+        return answer, None
+    job_id = f"{replica.tag}-{replica_job}"
     data["job_id"], data["poll"] = job_id, f"/jobs/{job_id}"
     headers = [(n, v) for n, v in answer.headers if n != b"location"] + [(b"location", data["poll"].encode())]
     return Answer(answer.status, orjson.dumps(data), answer.content_type, headers), job_id
@@ -119,6 +125,8 @@ class GatewayApp(AsgiApp):
             if path == "/generate" and method == "POST":
                 return await self.generate(body, headers, api_key, request_id is not None)
             if path.startswith("/jobs/"):
+                if method not in ("GET", "HEAD"):  # answered here: a poll's refusal would refund the job's tokens
+                    return _error(405, f"{path} takes GET", "method_not_allowed", [(b"allow", b"GET, HEAD")])
                 return await self.job(method, path[len("/jobs/"):], headers, api_key)
             upstream = "GET" if method == "HEAD" else method  # a HEAD answer has no body to read
             return _reply(*await self.router.forward(upstream, path, body, headers, method in ("GET", "HEAD")))

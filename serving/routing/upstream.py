@@ -79,6 +79,9 @@ class _Connection(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.parser.get_status_code() < 200:  # an interim answer (100 Continue): the final one follows
+            self.content_type, self.headers, self.chunks = b"", [], []
+            return
         self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it once reset
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(Answer(self.parser.get_status_code(), b"".join(self.chunks), self.content_type,

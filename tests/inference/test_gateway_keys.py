@@ -111,3 +111,21 @@ def test_the_replicas_behind_the_gateway_take_no_keys_and_everything_binds_loopb
         assert secret not in log
     stats = orjson.loads(_call(gateway.url + "/stats")[2])
     assert [r["url"] for r in stats["replicas"]] == replicas and not any(r["ejected"] for r in stats["replicas"])
+
+
+def test_a_job_asked_with_another_method_keeps_its_charge(deployment):
+    gateway, _, repo, _ = deployment
+    _, secret = project_keys(repo).create("onemesh", ["cube3d_conditioning"], 100, TINY_TOKENS + 6)
+    time.sleep(3 * REFRESH_S)                               # the gateway's copy of the keys has it
+    status, _, body = _call(gateway.url + "/generate", {"prompt": "a stone lamp", "async": True}, secret)
+    assert status == 202
+    poll = urlsplit(gateway.url + orjson.loads(body)["poll"])
+    conn = http.client.HTTPConnection(poll.hostname, poll.port, timeout=60)
+    try:
+        conn.request("DELETE", poll.path, headers={"Authorization": f"Bearer {secret}"})
+        reply = conn.getresponse()
+        assert reply.status == 405 and reply.headers["Allow"] == "GET, HEAD" and b"method_not_allowed" in reply.read()
+    finally:
+        conn.close()
+    status, _, body = _call(gateway.url + "/generate", {"prompt": "a red car"}, secret)
+    assert status == 429 and orjson.loads(body)["code"] == "over_budget"  # the job's mesh is still charged

@@ -24,9 +24,10 @@ import pytest
 
 from cli_helpers import ROOT, cli_server
 from featurectl.services.scratch_redis import free_port, stop_process
+from serving.routing.app import _with_gateway_job_id
 from serving.routing.replica import Replica, RoutingSettings
 from serving.routing.router import Router
-from serving.routing.upstream import ReplicaClient
+from serving.routing.upstream import Answer as ReplicaAnswer, ReplicaClient
 
 FAST_MS, SLOW_MS = 2, 200
 
@@ -288,3 +289,35 @@ def test_a_replica_costs_its_faded_latency_estimate_times_its_queue():
     assert replica.cost(102.0) == pytest.approx(0.010 * math.exp(-1))      # unused for one decay_s
     replica.observe(0.002, now=102.0)
     assert replica.ewma_s == pytest.approx(0.006) and replica.cost(102.0) == pytest.approx(0.006)
+
+
+def test_an_interim_1xx_answer_is_skipped_for_the_replicas_final_answer():
+    async def run() -> ReplicaAnswer:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 100 Continue\r\nx-interim: 1\r\n\r\n"
+                         b"HTTP/1.1 200 OK\r\ncontent-type: model/gltf-binary\r\ncontent-length: 4\r\n\r\nglTF")
+            await writer.drain()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        client = ReplicaClient("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            return await client.request("POST", "/generate", b'{"prompt": "a"}', timeout_s=5)
+        finally:
+            client.close()
+            server.close()
+
+    answer = asyncio.run(run())
+    assert (answer.status, answer.body, answer.content_type, answer.headers) == (200, b"glTF", b"model/gltf-binary", [])
+
+
+def test_a_replica_job_id_that_is_no_url_safe_string_is_not_put_in_a_header():
+    replica = Replica("http://127.0.0.1:1", ReplicaClient("127.0.0.1", 1), RoutingSettings())
+    for job_id in ("abc\r\nset-cookie: pwned=1", "../ready", ["x"], 7, ""):
+        answer = ReplicaAnswer(202, orjson.dumps({"job_id": job_id}), b"application/json", [(b"location", b"/jobs/x")])
+        assert _with_gateway_job_id(answer, replica) == (answer, None)
+    answer = ReplicaAnswer(202, b'{"job_id": "0f3a", "status": "queued"}', b"application/json",
+                           [(b"location", b"/jobs/0f3a")])
+    changed, job_id = _with_gateway_job_id(answer, replica)
+    assert job_id == f"{replica.tag}-0f3a" and changed.headers == [(b"location", f"/jobs/{job_id}".encode())]
+    assert orjson.loads(changed.body) == {"job_id": job_id, "status": "queued", "poll": f"/jobs/{job_id}"}

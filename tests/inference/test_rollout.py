@@ -249,3 +249,13 @@ def test_generate_server_splits_ab_by_request_id_and_labels_metrics(registry_rep
     assert f'cube3d_requests_total{{arm="challenger",outcome="ok",version="m/2"}} {challenger_share}.0' in text
     assert 'cube3d_generated_tokens_total{arm="challenger",version="m/2"}' in text
     assert 'cube3d_stage_duration_seconds_count{arm="challenger",stage="decode",version="m/2"}' in text
+
+
+def test_shadow_stats_name_their_percentiles_in_ms_as_the_service_stats_do():
+    from inference.service.shadow import Agreement, ShadowStats
+
+    stats = ShadowStats()
+    stats.compared("m/2", 0.25, Agreement(tokens=0.5, bbox=0.1, volume=0.2))
+    row = stats.summary()["m/2"]
+    assert row["p50_ms"] == pytest.approx(250, rel=0.02) and "p50" not in row
+    assert row["outcomes"]["compared"] == 1 and row["token_agreement"] == 0.5

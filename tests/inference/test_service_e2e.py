@@ -239,6 +239,18 @@ def test_a_caller_timeout_s_never_drops_a_queued_request(service):
     assert first.result().faces > 0 and late.result().faces > 0
 
 
+
+def test_a_queue_smaller_than_the_largest_batch_still_warms_up():
+    """`generate-server --queue-size 1`: the warm-up fills each batch bucket at once, past the callers' bound."""
+    from inference.service import GenerationRequest, GenerationService, ServiceConfig
+
+    svc = GenerationService(ServiceConfig.from_name("tiny", queue_size=1, max_batch_wait_ms=5.0))
+    try:
+        svc.warm_up()
+        assert svc.generate(GenerationRequest("a wooden chair")).faces > 0
+    finally:
+        svc.close()
+
 def test_request_queued_past_job_timeout_s_is_dropped_before_the_gpu(expiring):
     from inference.service import GenerationRequest, JobExpiredError
 

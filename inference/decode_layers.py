@@ -1,4 +1,5 @@
-"""Every layer of a one-prompt bf16 decode step in one persistent CUDA launch (Hopper), compiled at run time.
+"""Every layer of a bf16 decode step (one prompt or eight, with guidance) in one persistent CUDA launch (Hopper),
+compiled at run time.
 
 `cuda/decode_layers.cu` holds the kernel and why it is one launch. This module compiles it with NVRTC (the library
 torch's CUDA wheels install beside it), loads it through the driver API and launches it on torch's current stream,
@@ -27,14 +28,27 @@ from inference.model import LayerWeights
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "cuda" / "decode_layers.cu"
-# the kernel's compile-time shapes (decode_layers.cu): v0.1 and v0.5 widths, one prompt with guidance
-D, H, HD, F, ROWS = 1536, 12, 128, 6144, 2
+# the kernel's compile-time shapes (decode_layers.cu): v0.1 and v0.5 widths; one prompt with guidance (2 rows) or
+# eight (16 rows), a kernel each
+D, H, HD, F = 1536, 12, 128, 6144
+KERNELS = {2: b"decode_layers_r2", 16: b"decode_layers_r16"}
 CLUSTER = 4                     # CTAs a (row, head) attention pair
-MIN_GRID = 120                  # gate/up stages a CTA at most 13 (2F / 8 rows over the grid); 24 attention clusters
-MAX_SPLIT_SLOTS = 1280          # cache slots one of the 4 splits holds in shared memory
-STAGES, SBP, AH, PB, MAXG, AP = 8, 8 * (2 * D + 64), 2 * D + 32, 13 * 8 * 16, 4, HD + 2
-SMEM = STAGES * SBP + 16 * STAGES + 16 + ROWS * D * 2 + ROWS * AH * 2 + (PB + 2 * MAXG * 16 + 16 * ROWS + 3 * AP) * 4
+MIN_GRID = 120                  # gate/up stages a CTA at most 13 (2F / 8 rows over the grid); (row, head) pairs a
+#                                 cluster (2 rows) or CTA (16 rows) at most ceil(pairs / 30 or 120)
+MAX_SPLIT_SLOTS = 1280          # cache slots a CTA holds scores for (a quarter of a pair's with 2 rows, all with 16)
 THREADS = 9 * 32
+
+
+def smem_bytes(rows: int) -> int:
+    """The kernel's dynamic shared memory for `rows` (`Shape<R>::SMEM` in decode_layers.cu)."""
+    stages = 8 if rows <= 2 else 6
+    part = max(13 * 8 * rows * 8, 3 * HD + MAX_SPLIT_SLOTS + 16 * HD)
+    splits = CLUSTER if rows <= 2 else 1                 # CTAs that share a (row, head) pair
+    pairs = -(-rows * H // (MIN_GRID // splits))
+    nsum = 4 * 8 * rows
+    bars = -(-8 * (2 * stages + 1 + pairs) // 16) * 16
+    return stages * 8 * (2 * D + 64) + bars + 4 * (part + 2 * nsum + 8 * 2 * rows + pairs * (splits - 1) * (HD + 2))
+
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -114,38 +128,45 @@ def _check(drv: ctypes.CDLL, rc: int, what: str) -> None:
 
 
 class PersistentLayers:
-    """The compiled kernel on one device, with its scratch buffers and barrier counters (one per engine: a counter
-    assumes every launch on it runs the same number of layers)."""
+    """The compiled kernels on one device, with their scratch buffers and barrier counters (a counter per kernel and
+    engine: it assumes every launch on it runs the same number of layers)."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self._drv = _driver()
         cubin = compile_cubin()
+        self._fns: dict[int, ctypes.c_void_p] = {}
+        clusters = []
         with torch.cuda.device(device):
             torch.cuda.synchronize(device)     # the primary context is current on this thread from here on
-            self._module, self._fn = ctypes.c_void_p(), ctypes.c_void_p()
+            self._module = ctypes.c_void_p()
             _check(self._drv, self._drv.cuModuleLoadData(ctypes.byref(self._module), cubin), "loading the cubin")
-            _check(self._drv, self._drv.cuModuleGetFunction(ctypes.byref(self._fn), self._module, b"decode_layers"),
-                   "finding decode_layers")
-            _check(self._drv, self._drv.cuFuncSetAttribute(self._fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                           SMEM), "setting its shared memory size")
-            clusters = ctypes.c_int()
-            config = self._config(CLUSTER, None, pdl=False)
-            _check(self._drv, self._drv.cuOccupancyMaxActiveClusters(ctypes.byref(clusters), self._fn,
-                                                                       ctypes.byref(config)), "counting clusters")
+            for rows, name in KERNELS.items():
+                fn = ctypes.c_void_p()
+                _check(self._drv, self._drv.cuModuleGetFunction(ctypes.byref(fn), self._module, name),
+                       f"finding {name.decode()}")
+                _check(self._drv, self._drv.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                               smem_bytes(rows)), "setting its shared memory size")
+                n = ctypes.c_int()
+                config = self._config(rows, CLUSTER, None, pdl=False)
+                _check(self._drv, self._drv.cuOccupancyMaxActiveClusters(ctypes.byref(n), fn, ctypes.byref(config)),
+                       "counting clusters")
+                self._fns[rows] = fn
+                clusters.append(n.value)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.grid = CLUSTER * min(sms // CLUSTER, clusters.value)
+        self.grid = CLUSTER * min([sms // CLUSTER] + clusters)
         if self.grid < MIN_GRID:
             raise GenerationError(f"decode_layers needs {MIN_GRID} resident CTAs, this device holds {self.grid}")
-        self.qkv = torch.empty(ROWS, 3 * D, dtype=torch.float32, device=device)
-        self.attn = torch.empty(ROWS, D, dtype=torch.bfloat16, device=device)
-        self.act = torch.empty(ROWS, F, dtype=torch.bfloat16, device=device)
-        self.counter = torch.zeros(2, dtype=torch.int64, device=device)
+        rows = max(KERNELS)
+        self.qkv = torch.empty(rows, 3 * D, dtype=torch.float32, device=device)
+        self.attn = torch.empty(rows, D, dtype=torch.bfloat16, device=device)
+        self.act = torch.empty(rows, F, dtype=torch.bfloat16, device=device)
+        self.counters = {r: torch.zeros(2, dtype=torch.int64, device=device) for r in KERNELS}
         self._tables: dict[tuple[int, ...], Tensor] = {}
 
     @classmethod
     def create(cls, device: torch.device) -> PersistentLayers | None:
-        """The kernel for `device`, or None (with the reason logged) where it cannot run."""
+        """The kernels for `device`, or None (with the reason logged) where they cannot run."""
         if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
             return None
         try:
@@ -156,24 +177,25 @@ class PersistentLayers:
 
     @staticmethod
     def applies(x: Tensor, layers: Sequence[LayerWeights], cos: Tensor) -> bool:
-        """Whether the kernel's compile-time shapes fit this step."""
-        if x.shape != (ROWS, D) or x.dtype != torch.bfloat16 or cos.shape[1] != HD // 2:
+        """Whether a kernel's compile-time shapes fit this step."""
+        if x.shape[0] not in KERNELS or x.shape[1:] != (D,) or x.dtype != torch.bfloat16 or cos.shape[1] != HD // 2:
             return False
         for lw in layers:
             k = lw.cache.k
             if (lw.qkv_w.shape != (3 * D, D) or lw.gu_w.shape != (2 * F, D) or lw.down_w.shape != (D, F)
-                    or k.shape[1:] != (H, k.shape[2], HD) or k.dtype != torch.bfloat16
-                    or lw.qkv_w.dtype != torch.bfloat16 or k.shape[2] // CLUSTER + 1 > MAX_SPLIT_SLOTS):
+                    or k.shape[1:] != (H, k.shape[2], HD) or k.shape[0] < x.shape[0] or k.dtype != torch.bfloat16
+                    or lw.qkv_w.dtype != torch.bfloat16
+                    or k.shape[2] // (CLUSTER if x.shape[0] <= 2 else 1) + 1 > MAX_SPLIT_SLOTS):
                 return False
         return True
 
-    def _config(self, grid: int, stream: int | None, pdl: bool) -> _LaunchConfig:
+    def _config(self, rows: int, grid: int, stream: int | None, pdl: bool) -> _LaunchConfig:
         attrs = (_LaunchAttribute * 2)()
         attrs[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         struct.pack_into("<3I", attrs[0].value, 0, CLUSTER, 1, 1)
         attrs[1].id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         struct.pack_into("<i", attrs[1].value, 0, 1)
-        config = _LaunchConfig((grid, 1, 1), (THREADS, 1, 1), SMEM, stream, attrs, 2 if pdl else 1)
+        config = _LaunchConfig((grid, 1, 1), (THREADS, 1, 1), smem_bytes(rows), stream, attrs, 2 if pdl else 1)
         config._attrs = attrs          # keep the array alive with the config
         return config
 
@@ -191,18 +213,20 @@ class PersistentLayers:
 
     def __call__(self, x: Tensor, pos: Tensor, layers: Sequence[LayerWeights], cos: Tensor, sin: Tensor,
                  eps: float, qk_eps: float, pdl: bool) -> Tensor:
-        """Runs every layer on x ([2, D] bf16, updated in place as the residual stream) at shape position `pos`
-        ([1] int64 on the device); returns LayerNorm(x) after the last layer."""
+        """Runs every layer on x ([2 or 16, D] bf16, updated in place as the residual stream) at shape position
+        `pos` ([1] int64 on the device); returns LayerNorm(x) after the last layer."""
         for t in (x, cos, sin):
             if not t.is_contiguous():
                 raise GenerationError("decode_layers: x and the RoPE tables must be contiguous")
+        rows = x.shape[0]
         table = self._table(layers)
         h = torch.empty_like(x)
         params = struct.pack("<10Qi3f", table.data_ptr(), x.data_ptr(), h.data_ptr(), self.qkv.data_ptr(),
                              self.attn.data_ptr(), self.act.data_ptr(), pos.data_ptr(), cos.data_ptr(),
-                             sin.data_ptr(), self.counter.data_ptr(), len(layers), eps, qk_eps, 1 / math.sqrt(HD))
+                             sin.data_ptr(), self.counters[rows].data_ptr(), len(layers), eps, qk_eps,
+                             1 / math.sqrt(HD))
         buf = ctypes.create_string_buffer(params, len(params))
         args = (ctypes.c_void_p * 1)(ctypes.cast(buf, ctypes.c_void_p))
-        config = self._config(self.grid, torch.cuda.current_stream(self.device).cuda_stream, pdl)
-        _check(self._drv, self._drv.cuLaunchKernelEx(ctypes.byref(config), self._fn, args, None), "launching")
+        config = self._config(rows, self.grid, torch.cuda.current_stream(self.device).cuda_stream, pdl)
+        _check(self._drv, self._drv.cuLaunchKernelEx(ctypes.byref(config), self._fns[rows], args, None), "launching")
         return h

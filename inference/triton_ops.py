@@ -527,9 +527,9 @@ class Launch:
     # same loads issued first after the wait, measured slower than both (more registers, the same wait)
     early_loads: bool = True
     pdl: bool = True  # programmatic dependent launch where the device supports it (compute capability >= 9)
-    # one-prompt bf16 steps of the v0.1/v0.5 widths on a Hopper chip: every layer in one persistent CUDA launch
-    # (`inference.decode_layers`, compiled with NVRTC) instead of 8 kernels a layer; False, or where it cannot run:
-    # the kernels here
+    # bf16 steps of one prompt or eight with guidance (2 or 16 rows) at the v0.1/v0.5 widths on a Hopper chip: every
+    # layer in one persistent CUDA launch (`inference.decode_layers`, compiled with NVRTC) instead of 8 kernels a
+    # layer; False, or where it cannot run: the kernels here
     persistent_layers: bool = True
 
     def gemv_config(self, epilogue: int, m: int, n: int, k: int,

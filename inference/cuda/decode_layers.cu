@@ -1,5 +1,5 @@
-// Every layer of a one-prompt decode step (2 rows: the prompt and its unconditional twin) in one persistent launch,
-// for Hopper (sm_90a); compiled at run time with NVRTC by inference/decode_layers.py. For each layer:
+// Every layer of a decode step of one prompt (2 rows: the prompt and its unconditional twin) or eight (16 rows) in
+// one persistent launch, for Hopper (sm_90a); compiled at run time with NVRTC by inference/decode_layers.py. For each layer:
 //   h = LN(x); qkv = h Wqkv^T; a = attention(q/k RMSNorm + RoPE, the new k/v written to the cache);
 //   x += a Wo^T + bo; h = LN(x); act = silu(h Wg^T + bg) * (h Wu^T + bu); x += act Wd^T + bd
 // and h = LN(x) after the last layer. Why one launch: a step of per-layer kernels waits at every kernel boundary
@@ -8,10 +8,11 @@
 //   8 rows at a time, into a ring of shared-memory stages with bulk copies (cp.async.bulk + mbarriers), running
 //   ahead across phases and layers with at most INFLIGHT copies on their way (more only lengthen the queue every
 //   other global access of the multiprocessor waits in).
-// - Eight consumer warps multiply each stage with mma.m16n8k16 (the weight rows as B, the 2 activation rows as A).
-// - Attention: cluster k < 24 owns the (row, head) pair k, each of its 4 CTAs a quarter of the cache slots; the
-//   producer copies those keys and values through the ring too; rank 0 merges the 4 partial softmaxes it gets
-//   through distributed shared memory.
+// - Eight consumer warps multiply each stage with mma.m16n8k16 (the weight rows as B, the activation rows as A,
+//   held in registers for the phase: each lane's K chunks of rows g and g + 8, LayerNorm applied in place).
+// - Attention: cluster k owns the (row, head) pairs k, k + clusters, ..., each of its 4 CTAs a quarter of a pair's
+//   cache slots; the producer copies those keys and values through the ring too; rank 0 merges the 4 partial
+//   softmaxes it gets through distributed shared memory.
 // - The down projection is split by CTA pairs (a K half each), the second sending its sums to the first.
 // - Five grid barriers a layer (after q/k/v, attention, the output projection, gate/up and down) on a counter that
 //   only grows: counter[0] counts arrivals, counter[1] launches, so graph replays need no reset.
@@ -26,7 +27,6 @@ constexpr int CT = CW * 32;            // consumer threads
 constexpr int THREADS = CT + 32;       // + the producer warp
 constexpr int D = 1536;                // width
 constexpr int F = 4 * D;               // MLP hidden width
-constexpr int R = 2;                   // rows
 constexpr int H = 12;                  // heads
 constexpr int HD = D / H;              // head size (128: attention maps q to threads 0..127, k to 128..255)
 constexpr int QKV = 3 * D;
@@ -42,14 +42,30 @@ constexpr int OB = D / ROWS;           // output projection stages a layer
 constexpr int NB = 2 * F / ROWS;       // gate/up stages a layer (4 gate and the 4 up rows of the same outputs)
 constexpr int RG = D / ROWS;           // down row groups
 constexpr int SPLITS = 4;              // cluster size: CTAs a (row, head) attention pair
-constexpr int AH = KS * 2 + 32;        // activation row stride in shared memory (elements)
-constexpr int PB = 13 * CW * 16;       // deferred partial sums (up to 13 stages a phase)
-constexpr int MAXG = 4;                // down groups a pair at most
+constexpr int MAXG = 4;                // down groups a CTA pair at most
 constexpr int AP = HD + 2;             // a split's attention partial: o[HD], max, sum
 constexpr int KVROWS = 96;             // cache slots a ring stage
-constexpr int STAGES = 8;
+constexpr int MAXSLOTS = 1280;         // cache slots a split at most
+constexpr int MIN_CLUSTERS = 30;       // the host launches at least this many (grid >= 120)
 constexpr int INFLIGHT = 2;
 static_assert(2 * HD == CT && KVROWS * HD * 2 <= SBP && F == 4 * KS, "the thread maps assume these shapes");
+
+// What depends on the rows (2: one prompt with guidance; 16: eight): the partial sums of a phase keep every row,
+// so 16 rows take a shallower ring to fit them.
+template <int R>
+struct Shape {
+  static constexpr int STAGES = R <= 2 ? 8 : 6;
+  static constexpr int PB = 13 * CW * R * 8;                       // partial sums: up to 13 stages a phase
+  static constexpr int SCRATCH = 3 * HD + MAXSLOTS + 16 * HD;      // attention: q, k, v, scores, o by slot group
+  static constexpr int PART = PB > SCRATCH ? PB : SCRATCH;
+  // CTAs that share a (row, head) pair's cache slots: 2 rows make 24 pairs, split 4 ways over a cluster so the
+  // chip streams the cache; 16 rows make 192, a CTA's each (no merge)
+  static constexpr int ASPLIT = R <= 2 ? SPLITS : 1;
+  static constexpr int PAIRS = (R * H + MIN_CLUSTERS * SPLITS / ASPLIT - 1) / (MIN_CLUSTERS * SPLITS / ASPLIT);
+  static constexpr int NSUM = MAXG * ROWS * R;                     // down sums a CTA pair at most
+  static constexpr int BARS = (8 * (2 * STAGES + 1 + PAIRS) + 15) / 16 * 16;
+  static constexpr int SMEM = STAGES * SBP + BARS + 4 * (PART + 2 * NSUM + CW * 2 * R + PAIRS * (ASPLIT - 1) * AP);
+};
 
 struct LayerW {
   const bf16 *qkv_w, *qkv_b, *q_norm, *k_norm, *proj_w, *proj_b, *gw, *gb, *dw, *db;
@@ -59,7 +75,7 @@ struct LayerW {
 
 struct Params {
   const LayerW* layers;
-  bf16* x;                 // [R, D] residual, in place
+  bf16* x;                 // [R, D] residual, in place (R: the kernel's rows)
   bf16* h;                 // [R, D] out: LN(x) after the last layer
   float* qkv;              // [R, QKV] scratch
   bf16* attn;              // [R, D] scratch: merged attention output
@@ -135,6 +151,11 @@ __device__ __forceinline__ float ldcg_f32(const float* p) {
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ bf16 ldcg_u16(const bf16* p) {
+  bf16 v;
+  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ uint4 ldcg_u4(const void* p) {
   uint4 v;
   asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)
@@ -188,79 +209,140 @@ __device__ __forceinline__ void grid_sync(unsigned long long* ctr, unsigned long
   consumers_sync();
 }
 
-// x (global) into xs, then hs = LN(xs) (no affine, float32 inside); the row sums and sums of squares in one
-// reduction (the variance as E[x^2] - mean^2: float32 keeps it to about 1e-6 of the variance for means up to a few
-// standard deviations, far below bf16's rounding of the output). red: CW * 2R floats
-__device__ void load_x_ln(const bf16* x, bf16* xs, bf16* hs, float* red, float eps, int tid) {
-  for (int i = tid; i < R * D / 8; i += CT)
-    reinterpret_cast<uint4*>(xs)[i] = ldcg_u4(reinterpret_cast<const uint4*>(x) + i);
-  consumers_sync();
-  constexpr int E = D / CT;
-  float v[R][E], s[R], q[R];
-  const int warp = tid >> 5, lane = tid & 31;
+// the activation rows of a phase as mma A fragments: each lane's CH chunks of 8 K values of rows g (lo) and g + 8
+// (hi, 16 rows only), zeros for rows past R
+template <int R>
+struct Frags {
+  uint4 lo[CH], hi[CH];
+};
+
+// the fragments of the R x `stride` bf16 matrix v (global memory, written during the launch)
+template <int R>
+__device__ __forceinline__ void load_frags(Frags<R>& a, const bf16* v, int stride, int koff, int g) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int r = 0; r < R; r++) {
-    s[r] = 0.f;
-    q[r] = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      v[r][e] = bf(xs[r * D + tid + e * CT]);
-      s[r] += v[r][e];
-      q[r] = fmaf(v[r][e], v[r][e], q[r]);
-    }
-    s[r] = warp_sum(s[r]);
-    q[r] = warp_sum(q[r]);
+  for (int i = 0; i < CH; i++) {
+    a.lo[i] = g < R ? ldcg_u4(v + g * stride + koff + i * 32) : zero;
+    if (R > 8) a.hi[i] = g + 8 < R ? ldcg_u4(v + (g + 8) * stride + koff + i * 32) : zero;
   }
-  if (lane == 0) {
+}
+
+__device__ __forceinline__ void chunk_sums(const uint4& w, float& s, float& q) {
+  const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      red[warp * 2 * R + r] = s[r];
-      red[warp * 2 * R + R + r] = q[r];
+  for (int e = 0; e < 4; e++) {
+    const float a = lo_bf(wv[e]), b = hi_bf(wv[e]);
+    s += a + b;
+    q = fmaf(a, a, fmaf(b, b, q));
+  }
+}
+__device__ __forceinline__ uint4 chunk_norm(const uint4& w, float mean, float rstd) {
+  const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
+  uint4 out;
+  uint32_t* ov = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int e = 0; e < 4; e++)
+    ov[e] = (uint32_t)to_bf((lo_bf(wv[e]) - mean) * rstd) | ((uint32_t)to_bf((hi_bf(wv[e]) - mean) * rstd) << 16);
+  return out;
+}
+
+// The fragments of LN(x) (no affine, float32 inside): the 256 consumer threads hold every element of x once, so
+// the row sums and sums of squares are one reduction (the variance as E[x^2] - mean^2: float32 keeps it to about
+// 1e-6 of the variance for means of a few standard deviations, far below bf16's rounding). red: CW * 2R floats.
+template <int R>
+__device__ void ln_frags(Frags<R>& a, const bf16* x, float* red, float eps, int koff, int tid) {
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  load_frags<R>(a, x, D, koff, g);
+  float s[2] = {0.f, 0.f}, q[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < CH; i++) {
+    chunk_sums(a.lo[i], s[0], q[0]);
+    if (R > 8) chunk_sums(a.hi[i], s[1], q[1]);
+  }
+#pragma unroll
+  for (int h = 0; h < (R > 8 ? 2 : 1); h++)
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      s[h] += __shfl_xor_sync(0xffffffff, s[h], o);
+      q[h] += __shfl_xor_sync(0xffffffff, q[h], o);
+    }
+  if (t == 0) {
+#pragma unroll
+    for (int h = 0; h < (R > 8 ? 2 : 1); h++) {
+      const int r = g + 8 * h;
+      if (r < R) {
+        red[(warp * R + r) * 2] = s[h];
+        red[(warp * R + r) * 2 + 1] = q[h];
+      }
     }
   }
   consumers_sync();
 #pragma unroll
-  for (int r = 0; r < R; r++) {
+  for (int h = 0; h < (R > 8 ? 2 : 1); h++) {
+    const int r = g + 8 * h;
+    if (r >= R) continue;
     float ts = 0.f, tq = 0.f;
 #pragma unroll
     for (int w = 0; w < CW; w++) {
-      ts += red[w * 2 * R + r];
-      tq += red[w * 2 * R + R + r];
+      ts += red[(w * R + r) * 2];
+      tq += red[(w * R + r) * 2 + 1];
     }
     const float mean = ts / D, rstd = rsqrtf(fmaxf(tq / D - mean * mean, 0.f) + eps);
 #pragma unroll
-    for (int e = 0; e < E; e++) hs[r * D + tid + e * CT] = to_bf((v[r][e] - mean) * rstd);
+    for (int i = 0; i < CH; i++) {
+      if (h == 0) a.lo[i] = chunk_norm(a.lo[i], mean, rstd);
+      else a.hi[i] = chunk_norm(a.hi[i], mean, rstd);
+    }
   }
-  consumers_sync();
 }
 
-__device__ __forceinline__ void mma(float* c, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One stage: the warp's K slice of 8 weight rows against the activation fragments a[CH]. Each lane's 16-byte chunk
-// (8 consecutive K) feeds the mma's k slots 2t, 2t+1, 2t+8, 2t+9 in A and B alike, so the sum over K is exact.
-__device__ __forceinline__ void stage_mma(const unsigned char* st, const uint4* a, float (*c)[4]) {
+// One stage: the warp's K slice of 8 weight rows against the fragments. Each lane's 16-byte chunk (8 consecutive K)
+// feeds the mma's k slots 2t, 2t+1, 2t+8, 2t+9 in A and B alike, so the sum over K is exact. c[.][0..1]: row g,
+// weight rows 2t and 2t + 1; c[.][2..3]: row g + 8.
+template <int R>
+__device__ __forceinline__ void stage_mma(const unsigned char* st, const Frags<R>& a, float (*c)[4]) {
 #pragma unroll
   for (int i = 0; i < CH; i++) {
     const uint4 w = *reinterpret_cast<const uint4*>(st + i * 64);
-    mma(c[i & 1], a[i].x, a[i].y, w.x, w.y);
-    mma(c[i & 1], a[i].z, a[i].w, w.z, w.w);
+    mma(c[i & 1], a.lo[i].x, R > 8 ? a.hi[i].x : 0u, a.lo[i].y, R > 8 ? a.hi[i].y : 0u, w.x, w.y);
+    mma(c[i & 1], a.lo[i].z, R > 8 ? a.hi[i].z : 0u, a.lo[i].w, R > 8 ? a.hi[i].w : 0u, w.z, w.w);
   }
 }
 
-// the activation fragments of rows 0..R-1 (zeros for the mma's other 14 rows)
-__device__ __forceinline__ void load_fragments(uint4* a, const bf16* v, int stride, int koff, int g) {
+// a stage's accumulators into the partial sums [stage][warp][R rows][8], or added to them
+template <int R>
+__device__ __forceinline__ void store_partial(float* part, int u, const float (*acc)[4], bool add) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int i = 0; i < CH; i++)
-    a[i] = g < R ? *reinterpret_cast<const uint4*>(v + g * stride + koff + i * 32) : make_uint4(0, 0, 0, 0);
+  for (int h = 0; h < (R > 8 ? 2 : 1); h++) {
+    if (g + 8 * h >= R) continue;
+    float* dst = part + (u * CW + warp) * R * 8 + (g + 8 * h) * 8 + 2 * t;
+    const float v0 = acc[0][2 * h] + acc[1][2 * h], v1 = acc[0][2 * h + 1] + acc[1][2 * h + 1];
+    dst[0] = add ? dst[0] + v0 : v0;
+    dst[1] = add ? dst[1] + v1 : v1;
+  }
+}
+
+// the sum over warps of stage u's output (row r, weight row j of the stage)
+template <int R>
+__device__ __forceinline__ float stage_sum(const float* part, int u, int r, int j) {
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < CW; w++) s += part[(u * CW + w) * R * 8 + r * 8 + j];
+  return s;
 }
 
 // the producer: wait for a free stage (and for all but INFLIGHT older copies to land), then arm it for `bytes`
+template <int STAGES>
 __device__ __forceinline__ uint32_t acquire(int it, const uint64_t* full, const uint64_t* empty, uint32_t bytes) {
   const int s = it % STAGES;
   mbar_wait(smem_addr(empty + s), ((it / STAGES) & 1) ^ 1);
@@ -272,63 +354,69 @@ __device__ __forceinline__ uint32_t acquire(int it, const uint64_t* full, const 
   return s;
 }
 
-// n stages of 8 weight rows x KS against the fragments a; partial sums [stage][warp][16] into part
+// n stages of 8 weight rows x KS against the fragments a; partial sums into part
+template <int R>
 __device__ __forceinline__ void gemv_stages(int n, int& it, const unsigned char* ring, const uint64_t* full,
-                                            const uint64_t* empty, const uint4* a, float* part, int koff) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+                                            const uint64_t* empty, const Frags<R>& a, float* part, int koff) {
+  constexpr int STAGES = Shape<R>::STAGES;
+  const int lane = threadIdx.x & 31, g = lane >> 2;
   for (int u = 0; u < n; u++, it++) {
     const int s = it % STAGES;
     mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
     float acc[2][4] = {};
-    stage_mma(ring + s * SBP + g * (KS * 2) + koff * 2, a, acc);
+    stage_mma<R>(ring + s * SBP + g * (KS * 2) + koff * 2, a, acc);
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(empty + s));
-    if (g < R) {   // acc[.][0..1]: activation row g, weight rows 2t and 2t + 1
-      float* dst = part + (u * CW + warp) * 16 + g * 8 + 2 * t;
-      dst[0] = acc[0][0] + acc[1][0];
-      dst[1] = acc[0][1] + acc[1][1];
-    }
+    store_partial<R>(part, u, acc, false);
   }
 }
 
-// the sum over warps of stage u's output (row r, weight row j of the stage)
-__device__ __forceinline__ float stage_sum(const float* part, int u, int r, int j) {
-  float s = 0.f;
-#pragma unroll
-  for (int w = 0; w < CW; w++) s += part[(u * CW + w) * 16 + r * 8 + j];
-  return s;
-}
-
-// the cache slots of one split: n filled (the new token's included), cnt of them from lo, old of them already in
-// the cache (the last split owns the new token's slot, which it takes from shared memory)
+// the cache slots of split `part` of `nparts`: n filled (the new token's included), cnt of them from lo, old of
+// them already in the cache (the last split owns the new token's slot, which it takes from shared memory)
 struct Split {
   long long n, lo;
   int cnt, old;
 };
-__device__ __forceinline__ Split split_of(const LayerW& L, long long pos, int rank) {
+__device__ __forceinline__ Split split_of(const LayerW& L, long long pos, int part, int nparts) {
   Split sp;
   sp.n = L.offset + pos + 1;
-  sp.lo = rank * sp.n / SPLITS;
-  sp.cnt = (int)((rank + 1) * sp.n / SPLITS - sp.lo);
-  sp.old = sp.cnt - (rank == SPLITS - 1 ? 1 : 0);
+  sp.lo = part * sp.n / nparts;
+  sp.cnt = (int)((part + 1) * sp.n / nparts - sp.lo);
+  sp.old = sp.cnt - (part == nparts - 1 ? 1 : 0);
   return sp;
+}
+
+// the first (row, head) pair of this CTA's attention, and the step to its next
+template <int R>
+__device__ __forceinline__ int first_pair() {
+  return Shape<R>::ASPLIT > 1 ? blockIdx.x / SPLITS : blockIdx.x;
+}
+template <int R>
+__device__ __forceinline__ int pair_step() {
+  return Shape<R>::ASPLIT > 1 ? gridDim.x / SPLITS : gridDim.x;
 }
 
 // One split of the (row, head) pair pr: q and the new k (RMSNorm, RoPE) and v from the q/k/v sums, the new k and
 // v written to the cache by the split that owns their slot, the softmax over this split's slots (their keys and
-// values from the ring), merged on rank 0, which writes the pair's output. scratch: 3 HD + the split's slots
-// floats; ored: 16 x HD floats.
+// values from the ring), merged on rank 0 (apeer, attn_bar: this pair's), which writes the pair's output; with
+// one split a pair, the CTA writes it.
+// scratch: Shape::SCRATCH floats.
+template <int R>
 __device__ void attention_split(const Params& p, const LayerW& L, long long pos, int pr, int rank, float* scratch,
-                                float* ored, float* red, float* apeer, uint64_t* attn_bar, int l, int tid, int& it,
+                                float* red, float* apeer, uint64_t* attn_bar, int l, int tid, int& it,
                                 const unsigned char* ring, const uint64_t* full, const uint64_t* empty) {
+  constexpr int STAGES = Shape<R>::STAGES;
   const int r = pr % R, hh = pr / R, warp = tid >> 5, lane = tid & 31;
   float* qf = scratch;
   float* kf = scratch + HD;
   float* vf = scratch + 2 * HD;
   float* sc = scratch + 3 * HD;
-  const Split sp = split_of(L, pos, rank);
+  float* ored = sc + MAXSLOTS;   // [16 slot groups][HD]
+  constexpr int NS = Shape<R>::ASPLIT;
+  const int part = NS > 1 ? rank : 0;
+  const Split sp = split_of(L, pos, part, NS);
   const int cnt = sp.cnt;
-  if (rank == 0 && tid == 0) mbar_expect_tx(smem_addr(attn_bar), (SPLITS - 1) * AP * 4);
+  if (NS > 1 && part == 0 && tid == 0) mbar_expect_tx(smem_addr(attn_bar), (NS - 1) * AP * 4);
   {  // threads 0..HD-1: q (and v), HD..2HD-1: k
     const int d = tid & (HD - 1);
     const bool isk = tid >= HD;
@@ -348,11 +436,11 @@ __device__ void attention_split(const Params& p, const LayerW& L, long long pos,
     const size_t slot = ((size_t)(r * H + hh) * L.len + (sp.n - 1)) * HD + d;
     if (isk) {
       kf[d] = round_bf(rot);
-      if (rank == SPLITS - 1) L.kc[slot] = to_bf(rot);
+      if (part == NS - 1) L.kc[slot] = to_bf(rot);
     } else {
       qf[d] = rot;
       vf[d] = vv;
-      if (rank == SPLITS - 1) L.vc[slot] = to_bf(vv);
+      if (part == NS - 1) L.vc[slot] = to_bf(vv);
     }
   }
   consumers_sync();
@@ -430,7 +518,9 @@ __device__ void attention_split(const Params& p, const LayerW& L, long long pos,
 #pragma unroll
     for (int gq = 0; gq < 16; gq++) o += ored[gq * HD + tid];
   }
-  if (rank != 0) {   // (o, max, sum) to rank 0
+  if (NS == 1) {
+    if (tid < HD) p.attn[r * D + hh * HD + tid] = to_bf(o / ls);
+  } else if (part != 0) {   // (o, max, sum) to rank 0
     const uint32_t bar = map_to_rank(smem_addr(attn_bar), 0);
     const uint32_t dst = map_to_rank(smem_addr(apeer + (rank - 1) * AP), 0);
     if (tid < AP) send_f32(dst + tid * 4, tid < HD ? o : (tid == HD ? mx : ls), bar);
@@ -439,10 +529,10 @@ __device__ void attention_split(const Params& p, const LayerW& L, long long pos,
     if (tid < HD) {
       float m = mx;
 #pragma unroll
-      for (int s = 0; s < SPLITS - 1; s++) m = fmaxf(m, apeer[s * AP + HD]);
+      for (int s = 0; s < NS - 1; s++) m = fmaxf(m, apeer[s * AP + HD]);
       float den = ls * __expf(mx - m), num = o * __expf(mx - m);
 #pragma unroll
-      for (int s = 0; s < SPLITS - 1; s++) {
+      for (int s = 0; s < NS - 1; s++) {
         const float f = __expf(apeer[s * AP + HD] - m);
         den = fmaf(apeer[s * AP + HD + 1], f, den);
         num = fmaf(apeer[s * AP + tid], f, num);
@@ -452,22 +542,73 @@ __device__ void attention_split(const Params& p, const LayerW& L, long long pos,
   }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_layers(Params p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+// The producer warp's one thread: the CTA's stages in the order the consumers take them.
+template <int R>
+__device__ void produce(const Params& p, unsigned char* ring, const uint64_t* full, const uint64_t* empty, int rank) {
+  constexpr int STAGES = Shape<R>::STAGES;
+  const int G = gridDim.x, c = blockIdx.x, prank = rank & 1, pair = c >> 1, P = G >> 1;
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  int it = 0;
+  long long pos = 0;
+  for (int l = 0; l < p.n_layers; l++) {
+    const LayerW L = p.layers[l];
+    for (int u = c * QB / G; u < (c + 1) * QB / G; u++, it++) {
+      const int s = acquire<STAGES>(it, full, empty, TX);
+      bulk_copy(smem_addr(ring + s * SBP), L.qkv_w + (size_t)u * ROWS * D, TX, smem_addr(full + s), policy);
+    }
+    for (int pr = first_pair<R>(); pr < R * H; pr += pair_step<R>()) {   // each pair's cached keys, then values
+      if (l == 0 && pr == first_pair<R>()) {   // the position is written by the kernel before this one
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        pos = p.pos[0];
+      }
+      const Split sp = split_of(L, pos, Shape<R>::ASPLIT > 1 ? rank : 0, Shape<R>::ASPLIT);
+      const size_t head = ((size_t)(pr % R) * H + pr / R) * L.len + sp.lo;
+      for (int kv = 0; kv < 2; kv++)
+        for (int m = 0; m * KVROWS < sp.old; m++, it++) {
+          const uint32_t bytes = min(KVROWS, sp.old - m * KVROWS) * HD * 2;
+          const int s = acquire<STAGES>(it, full, empty, bytes);
+          bulk_copy(smem_addr(ring + s * SBP), (kv ? L.vc : L.kc) + (head + m * KVROWS) * HD, bytes,
+                    smem_addr(full + s), policy);
+        }
+    }
+    for (int u = c * OB / G; u < (c + 1) * OB / G; u++, it++) {
+      const int s = acquire<STAGES>(it, full, empty, TX);
+      bulk_copy(smem_addr(ring + s * SBP), L.proj_w + (size_t)u * ROWS * D, TX, smem_addr(full + s), policy);
+    }
+    for (int u = c * NB / G; u < (c + 1) * NB / G; u++, it++) {
+      const int s = acquire<STAGES>(it, full, empty, TX);
+      const uint32_t bar = smem_addr(full + s), dst = smem_addr(ring + s * SBP);
+      bulk_copy(dst, L.gw + (size_t)u * 4 * D, 4 * D * 2, bar, policy);
+      bulk_copy(dst + 4 * D * 2, L.gw + ((size_t)F + u * 4) * D, 4 * D * 2, bar, policy);
+    }
+    for (int kk = 0; kk < 2; kk++)   // padded rows: the consumers' reads spread over the banks
+      for (int q = pair * RG / P; q < (pair + 1) * RG / P; q++, it++) {
+        const int s = acquire<STAGES>(it, full, empty, TX);
+        const uint32_t bar = smem_addr(full + s), dst = smem_addr(ring + s * SBP);
+        const size_t k0 = (size_t)(2 * prank + kk) * KS;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+          bulk_copy(dst + r * RS, L.dw + ((size_t)q * ROWS + r) * F + k0, KS * 2, bar, policy);
+      }
+  }
+}
+
+template <int R>
+__device__ void run_layers(const Params& p, unsigned char* smem) {
+  using S = Shape<R>;
+  constexpr int STAGES = S::STAGES;
+  constexpr int EPI = (13 * 4 * R + CT - 1) / CT;   // epilogue values a thread at most (gate/up's)
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * SBP);
   uint64_t* empty = full + STAGES;
   uint64_t* peer_bar = empty + STAGES;                        // down: the pair's second CTA's sums
-  uint64_t* attn_bar = peer_bar + 1;                          // attention: ranks 1.. partials
-  bf16* xs = reinterpret_cast<bf16*>(attn_bar + 1);           // [R, D] this CTA's copy of x
-  bf16* as = xs + R * D;                                      // [R, AH] activations of a phase
-  bf16* hs = as;                                              // [R, D] LN(x)
-  float* part = reinterpret_cast<float*>(as + R * AH);        // [PB]
-  float* sums = part + PB;                                    // [MAXG * 16]
-  float* peer = sums + MAXG * 16;                             // [MAXG * 16]
-  float* red = peer + MAXG * 16;                              // [CW * 2R]
-  float* apeer = red + CW * 2 * R;                            // [SPLITS - 1][AP] on rank 0
-  static_assert(16 * HD * 4 <= R * AH * 2, "attention's reduction must fit where the activations go");
+  uint64_t* attn_bar = peer_bar + 1;                          // attention: ranks 1.. partials, one a pair
+  float* part = reinterpret_cast<float*>(smem + STAGES * SBP + S::BARS);   // [PART]
+  float* sums = part + S::PART;                               // [NSUM]
+  float* peer = sums + S::NSUM;                               // [NSUM]
+  float* red = peer + S::NSUM;                                // [CW * 2R]
+  float* apeer = red + CW * 2 * R;                            // [PAIRS][ASPLIT - 1][AP] on rank 0
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int G = gridDim.x, c = blockIdx.x;
@@ -476,67 +617,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_layers(Params p)
   const int ob0 = c * OB / G, ob1 = (c + 1) * OB / G;
   const int b0 = c * NB / G, b1 = (c + 1) * NB / G;
   const int g0 = pair * RG / P, g1 = (pair + 1) * RG / P;
-  const int apair = c / SPLITS;   // this cluster's (row, head) pair, when < R * H
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; s++) {
       mbar_init(smem_addr(full + s), 1);
       mbar_init(smem_addr(empty + s), CW);
     }
-    mbar_init(smem_addr(peer_bar), 1);
-    mbar_init(smem_addr(attn_bar), 1);
+    for (int j = 0; j <= S::PAIRS; j++) mbar_init(smem_addr(peer_bar + j), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   if (warp == CW) {  // producer: weights are never written during a step, so it starts before the PDL wait
-    if (lane == 0) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      int it = 0;
-      long long pos = 0;
-      for (int l = 0; l < p.n_layers; l++) {
-        const LayerW L = p.layers[l];
-        for (int u = qb0; u < qb1; u++, it++) {
-          const int s = acquire(it, full, empty, TX);
-          bulk_copy(smem_addr(ring + s * SBP), L.qkv_w + (size_t)u * ROWS * D, TX, smem_addr(full + s), policy);
-        }
-        if (apair < R * H) {   // this split's cached keys, then values
-          if (l == 0) {   // the position is written by the kernel before this one
-            asm volatile("griddepcontrol.wait;" ::: "memory");
-            pos = p.pos[0];
-          }
-          const Split sp = split_of(L, pos, rank);
-          const size_t head = ((size_t)(apair % R) * H + apair / R) * L.len + sp.lo;
-          for (int kv = 0; kv < 2; kv++)
-            for (int m = 0; m * KVROWS < sp.old; m++, it++) {
-              const uint32_t bytes = min(KVROWS, sp.old - m * KVROWS) * HD * 2;
-              const int s = acquire(it, full, empty, bytes);
-              bulk_copy(smem_addr(ring + s * SBP), (kv ? L.vc : L.kc) + (head + m * KVROWS) * HD, bytes,
-                        smem_addr(full + s), policy);
-            }
-        }
-        for (int u = ob0; u < ob1; u++, it++) {
-          const int s = acquire(it, full, empty, TX);
-          bulk_copy(smem_addr(ring + s * SBP), L.proj_w + (size_t)u * ROWS * D, TX, smem_addr(full + s), policy);
-        }
-        for (int u = b0; u < b1; u++, it++) {
-          const int s = acquire(it, full, empty, TX);
-          const uint32_t bar = smem_addr(full + s), dst = smem_addr(ring + s * SBP);
-          bulk_copy(dst, L.gw + (size_t)u * 4 * D, 4 * D * 2, bar, policy);
-          bulk_copy(dst + 4 * D * 2, L.gw + ((size_t)F + u * 4) * D, 4 * D * 2, bar, policy);
-        }
-        for (int q = g0; q < g1; q++)
-          for (int kk = 0; kk < 2; kk++, it++) {   // padded rows: the consumers' reads spread over the banks
-            const int s = acquire(it, full, empty, TX);
-            const uint32_t bar = smem_addr(full + s), dst = smem_addr(ring + s * SBP);
-            const size_t k0 = (size_t)(2 * prank + kk) * KS;
-#pragma unroll
-            for (int r = 0; r < ROWS; r++)
-              bulk_copy(dst + r * RS, L.dw + ((size_t)q * ROWS + r) * F + k0, KS * 2, bar, policy);
-          }
-      }
-    }
+    if (lane == 0) produce<R>(p, ring, full, empty, rank);
     return;
   }
 
@@ -550,107 +643,136 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_layers(Params p)
   }
   int it = 0;
   const int koff = warp * KW + t * 8;   // this lane's first K element in a stage
-  uint4 a[CH];
+  Frags<R> a;
   for (int l = 0; l < p.n_layers; l++) {
     const LayerW L = p.layers[l];
-    load_x_ln(p.x, xs, hs, red, p.eps, tid);
+    // the output projection's residual and bias, loaded ahead (epilogue value e = tid)
+    const int no = (ob1 - ob0) * ROWS * R;
+    float xo = 0.f, bo = 0.f;
+    if (tid < no) {
+      const int n = ob0 * ROWS + tid % ROWS + tid / (ROWS * R) * ROWS, r = (tid / ROWS) % R;
+      xo = bf(ldcg_u16(p.x + r * D + n));
+      bo = bf(L.proj_b[n]);
+    }
+    ln_frags<R>(a, p.x, red, p.eps, koff, tid);
 
     // q/k/v, sums without the bias
-    load_fragments(a, hs, D, koff, g);
-    gemv_stages(qb1 - qb0, it, ring, full, empty, a, part, koff);
+    gemv_stages<R>(qb1 - qb0, it, ring, full, empty, a, part, koff);
     consumers_sync();
     for (int e = tid; e < (qb1 - qb0) * ROWS * R; e += CT) {
       const int u = e / (ROWS * R), r = (e / ROWS) % R, j = e % ROWS;
-      p.qkv[r * QKV + (qb0 + u) * ROWS + j] = stage_sum(part, u, r, j);
+      p.qkv[r * QKV + (qb0 + u) * ROWS + j] = stage_sum<R>(part, u, r, j);
     }
     grid_sync(p.counter, next, tid);
 
-    if (apair < R * H)
-      attention_split(p, L, pos, apair, rank, part, reinterpret_cast<float*>(as), red, apeer, attn_bar, l, tid, it,
-                      ring, full, empty);
+    for (int pr = first_pair<R>(), j = 0; pr < R * H; pr += pair_step<R>(), j++)
+      attention_split<R>(p, L, pos, pr, rank, part, red, apeer + j * (S::ASPLIT - 1) * AP, attn_bar + j, l, tid, it,
+                         ring, full, empty);
     grid_sync(p.counter, next, tid);
 
     // output projection and residual: x += attn Wo^T + bo
-    for (int i = tid; i < R * D / 8; i += CT) {
-      const int r = i / (D / 8), k = i % (D / 8);
-      reinterpret_cast<uint4*>(as + r * AH)[k] = ldcg_u4(reinterpret_cast<const uint4*>(p.attn + r * D) + k);
-    }
+    load_frags<R>(a, p.attn, D, koff, g);
+    gemv_stages<R>(ob1 - ob0, it, ring, full, empty, a, part, koff);
     consumers_sync();
-    load_fragments(a, as, AH, koff, g);
-    gemv_stages(ob1 - ob0, it, ring, full, empty, a, part, koff);
-    consumers_sync();
-    for (int e = tid; e < (ob1 - ob0) * ROWS * R; e += CT) {
-      const int u = e / (ROWS * R), r = (e / ROWS) % R, j = e % ROWS, n = (ob0 + u) * ROWS + j;
-      p.x[r * D + n] = to_bf(bf(xs[r * D + n]) + (stage_sum(part, u, r, j) + bf(L.proj_b[n])));
+    if (tid < no) {
+      const int u = tid / (ROWS * R), r = (tid / ROWS) % R, j = tid % ROWS;
+      p.x[r * D + (ob0 + u) * ROWS + j] = to_bf(xo + (stage_sum<R>(part, u, r, j) + bo));
     }
     grid_sync(p.counter, next, tid);
-    load_x_ln(p.x, xs, hs, red, p.eps, tid);
+
+    // the down projection's residual and bias, loaded ahead (epilogue values e = tid, tid + CT on the pair's first)
+    const int nsum = (g1 - g0) * ROWS * R;
+    float xd[2] = {0.f, 0.f}, bd[2] = {0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      const int e = tid + k * CT;
+      if (prank == 0 && e < nsum) {
+        const int n = (g0 + e / (ROWS * R)) * ROWS + e % ROWS, r = (e / ROWS) % R;
+        xd[k] = bf(ldcg_u16(p.x + r * D + n));
+        bd[k] = bf(L.db[n]);
+      }
+    }
+    ln_frags<R>(a, p.x, red, p.eps, koff, tid);
 
     // gate/up + SwiGLU
-    load_fragments(a, hs, D, koff, g);
-    float gbv = 0.f, ubv = 0.f;   // the biases, loaded before the stages need them
-    if (tid < (b1 - b0) * 4 * R) {
-      const int n = (b0 + tid / (4 * R)) * 4 + tid % 4;
-      gbv = bf(L.gb[n]);
-      ubv = bf(L.gb[F + n]);
+    float gb[EPI], ub[EPI];   // the biases, loaded before the stages need them
+#pragma unroll
+    for (int k = 0; k < EPI; k++) {
+      const int e = tid + k * CT;
+      gb[k] = ub[k] = 0.f;
+      if (e < (b1 - b0) * 4 * R) {
+        const int n = (b0 + e / (4 * R)) * 4 + e % 4;
+        gb[k] = bf(L.gb[n]);
+        ub[k] = bf(L.gb[F + n]);
+      }
     }
-    gemv_stages(b1 - b0, it, ring, full, empty, a, part, koff);
+    gemv_stages<R>(b1 - b0, it, ring, full, empty, a, part, koff);
     consumers_sync();
-    for (int e = tid; e < (b1 - b0) * 4 * R; e += CT) {
-      const int u = e / (4 * R), r = (e / 4) % R, j = e % 4, n = (b0 + u) * 4 + j;
-      const float gs = stage_sum(part, u, r, j) + gbv, us = stage_sum(part, u, r, 4 + j) + ubv;
-      p.act[r * F + n] = to_bf(gs / (1.f + __expf(-gs)) * us);
+#pragma unroll
+    for (int k = 0; k < EPI; k++) {
+      const int e = tid + k * CT;
+      if (e < (b1 - b0) * 4 * R) {
+        const int u = e / (4 * R), r = (e / 4) % R, j = e % 4, n = (b0 + u) * 4 + j;
+        const float gs = stage_sum<R>(part, u, r, j) + gb[k], us = stage_sum<R>(part, u, r, 4 + j) + ub[k];
+        p.act[r * F + n] = to_bf(gs / (1.f + __expf(-gs)) * us);
+      }
     }
     grid_sync(p.counter, next, tid);
 
-    // down and residual: this CTA's K half of act against its pair's groups of 8 rows (two stages each); the
-    // pair's second CTA sends its sums to the first, which adds them, the bias and the residual
-    for (int i = tid; i < R * KS * 2 / 8; i += CT) {
-      const int r = i / (KS * 2 / 8), k = i % (KS * 2 / 8);
-      reinterpret_cast<uint4*>(as + r * AH)[k] =
-          ldcg_u4(reinterpret_cast<const uint4*>(p.act + r * F + prank * 2 * KS) + k);
-    }
-    consumers_sync();
-    const int nsum = (g1 - g0) * 16;
-    float dbv = 0.f;
-    if (prank == 0 && tid < nsum) dbv = bf(L.db[(g0 + tid / 16) * ROWS + tid % 8]);
+    // down and residual: this CTA's K half of act (two chunks) against its pair's groups of 8 rows; the pair's
+    // second CTA sends its sums to the first, which adds them, the bias and the residual
     if (prank == 0 && tid == 0) mbar_expect_tx(smem_addr(peer_bar), nsum * 4);
-    for (int q = g0; q < g1; q++) {
-      float acc[2][4] = {};
-      for (int kk = 0; kk < 2; kk++, it++) {
+    for (int kk = 0; kk < 2; kk++) {
+      load_frags<R>(a, p.act + (2 * prank + kk) * KS, F, koff, g);
+      for (int q = g0; q < g1; q++, it++) {
         const int s = it % STAGES;
         mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
-        load_fragments(a, as + kk * KS, AH, koff, g);
-        stage_mma(ring + s * SBP + g * RS + koff * 2, a, acc);
+        float acc[2][4] = {};
+        stage_mma<R>(ring + s * SBP + g * RS + koff * 2, a, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(empty + s));
-      }
-      if (g < R) {
-        float* dst = part + ((q - g0) * CW + warp) * 16 + g * 8 + 2 * t;
-        dst[0] = acc[0][0] + acc[1][0];
-        dst[1] = acc[0][1] + acc[1][1];
+        store_partial<R>(part, q - g0, acc, kk == 1);
       }
     }
     consumers_sync();
-    if (tid < nsum) {
-      const float sum = stage_sum(part, tid / 16, (tid % 16) / 8, tid % 8);
+    for (int e = tid; e < nsum; e += CT) {
+      const float sum = stage_sum<R>(part, e / (ROWS * R), (e / ROWS) % R, e % ROWS);
       if (prank == 1)
-        send_f32(map_to_rank(smem_addr(peer + tid), rank - 1), sum, map_to_rank(smem_addr(peer_bar), rank - 1));
+        send_f32(map_to_rank(smem_addr(peer + e), rank - 1), sum, map_to_rank(smem_addr(peer_bar), rank - 1));
       else
-        sums[tid] = sum;
+        sums[e] = sum;
     }
     consumers_sync();
     if (prank == 0) {
       mbar_wait_cluster(smem_addr(peer_bar), l & 1);
-      if (tid < nsum) {
-        const int qi = tid / 16, r = (tid % 16) / 8, j = tid % 8, n = (g0 + qi) * ROWS + j;
-        p.x[r * D + n] = to_bf(bf(xs[r * D + n]) + (sums[tid] + peer[tid] + dbv));
+#pragma unroll
+      for (int k = 0; k < 2; k++) {
+        const int e = tid + k * CT;
+        if (e < nsum) {
+          const int n = (g0 + e / (ROWS * R)) * ROWS + e % ROWS, r = (e / ROWS) % R;
+          p.x[r * D + n] = to_bf(xd[k] + (sums[e] + peer[e] + bd[k]));
+        }
       }
     }
     grid_sync(p.counter, next, tid);
   }
-  if (c == 0) {   // every CTA read the launch count before its first barrier: count this launch
+  if (c == 0) {   // every CTA read the launch count before its first barrier: count this launch; h = LN(x)
     if (tid == 0) asm volatile("st.relaxed.gpu.u64 [%0], %1;" ::"l"(p.counter + 1), "l"(launch + 1) : "memory");
-    load_x_ln(p.x, xs, p.h, red, p.eps, tid);
+    ln_frags<R>(a, p.x, red, p.eps, koff, tid);
+#pragma unroll
+    for (int i = 0; i < CH; i++) {
+      if (g < R) *reinterpret_cast<uint4*>(p.h + g * D + koff + i * 32) = a.lo[i];
+      if (R > 8 && g + 8 < R) *reinterpret_cast<uint4*>(p.h + (g + 8) * D + koff + i * 32) = a.hi[i];
+    }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_layers_r2(Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  run_layers<2>(p, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_layers_r16(Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  run_layers<16>(p, smem);
 }

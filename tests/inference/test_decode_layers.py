@@ -28,12 +28,11 @@ def test_host_layout_matches_the_kernel(tmp_path, monkeypatch):
     """The Params bytes the host packs, the layer table's columns and the shared memory it asks for are what the
     kernel's structs and buffers take: static assertions compiled into the kernel source."""
     checks = (f"\nstatic_assert(sizeof(Params) == 96 && sizeof(LayerW) == 14 * 8, \"host packing\");\n"
-              f"static_assert(STAGES * SBP + 16 * STAGES + 16 + R * D * 2 + R * AH * 2 + "
-              f"(PB + 2 * MAXG * 16 + CW * 2 * R + (SPLITS - 1) * AP) * 4 == {decode_layers.SMEM},"
-              f" \"shared memory\");\n"
+              f"static_assert(Shape<2>::SMEM == {decode_layers.smem_bytes(2)} && "
+              f"Shape<16>::SMEM == {decode_layers.smem_bytes(16)}, \"shared memory\");\n"
               f"static_assert(THREADS == {decode_layers.THREADS} && SPLITS == {decode_layers.CLUSTER} && "
-              f"PB - 3 * HD == {decode_layers.MAX_SPLIT_SLOTS} && D == {decode_layers.D} && F == {decode_layers.F}"
-              f" && H == {decode_layers.H}, \"constants\");\n")
+              f"MAXSLOTS == {decode_layers.MAX_SPLIT_SLOTS} && MIN_CLUSTERS * SPLITS == {decode_layers.MIN_GRID} && "
+              f"D == {decode_layers.D} && F == {decode_layers.F} && H == {decode_layers.H}, \"constants\");\n")
     source = tmp_path / "decode_layers.cu"
     source.write_text(decode_layers.SOURCE.read_text() + checks)
     monkeypatch.setattr(decode_layers, "SOURCE", source)
@@ -43,7 +42,8 @@ def test_host_layout_matches_the_kernel(tmp_path, monkeypatch):
         compile_cubin()
 
 
-def _layers(n: int, cache_len: int, device: str, dtype=torch.bfloat16, seed: int = 0) -> list[LayerWeights]:
+def _layers(n: int, cache_len: int, device: str, dtype=torch.bfloat16, seed: int = 0,
+            rows: int = 2) -> list[LayerWeights]:
     cfg = Cube3DConfig.from_name("v0.1")
     d, f, h, hd = cfg.n_embd, cfg.mlp_hidden, cfg.n_head, cfg.head_dim
     g = torch.Generator(device=device).manual_seed(seed)
@@ -52,7 +52,7 @@ def _layers(n: int, cache_len: int, device: str, dtype=torch.bfloat16, seed: int
         return (torch.randn(*shape, generator=g, device=device) * std).to(dtype)
     out = []
     for i in range(n):
-        cache = KVCache(2, h, cache_len - (0 if i < n - 1 else 80), hd, dtype, device)
+        cache = KVCache(rows, h, cache_len - (0 if i < n - 1 else 80), hd, dtype, device)
         cache.k.copy_(rnd(*cache.k.shape, std=1.0))
         cache.v.copy_(rnd(*cache.v.shape, std=1.0))
         qkv_b = torch.cat([torch.zeros(2 * d, device=device, dtype=dtype), rnd(d)])
@@ -67,7 +67,10 @@ def test_applies_only_to_the_shapes_it_was_compiled_for():
     cos = torch.zeros(512, 64)
     assert PersistentLayers.applies(x, layers, cos)
     assert not PersistentLayers.applies(x.float(), layers, cos)
-    assert not PersistentLayers.applies(torch.zeros(16, 1536, dtype=torch.bfloat16), layers, cos)   # batch bucket
+    assert not PersistentLayers.applies(torch.zeros(16, 1536, dtype=torch.bfloat16), layers, cos)   # 2-row caches
+    assert PersistentLayers.applies(torch.zeros(16, 1536, dtype=torch.bfloat16), _layers(1, 592, "cpu", rows=16), cos)
+    assert not PersistentLayers.applies(torch.zeros(8, 1536, dtype=torch.bfloat16), _layers(1, 592, "cpu", rows=16),
+                                        cos)
     too_long = _layers(1, 4 * decode_layers.MAX_SPLIT_SLOTS + 80, "cpu")
     assert not PersistentLayers.applies(x, too_long, cos)
     assert PersistentLayers.create(torch.device("cpu")) is None
@@ -82,7 +85,7 @@ def _decode(ops, x0: torch.Tensor, layers: list[LayerWeights], pos: torch.Tensor
         return fused, x
     h = ops.layer_norm(x, 1e-6)
     for lw in layers:
-        a = ops.qkv_attention(ops.linear_parts(h, lw.qkv_w), lw, 2, cos, sin, pos, 1e-5)
+        a = ops.qkv_attention(ops.linear_parts(h, lw.qkv_w), lw, x.shape[0], cos, sin, pos, 1e-5)
         h = ops.residual_layer_norm(x, ops.linear_parts(a, lw.proj_w), lw.proj_b, 1e-6)
         h = ops.residual_layer_norm(x, ops.linear_parts(ops.linear_swiglu(h, lw.gu_w, lw.gu_b), lw.down_w),
                                     lw.down_b, 1e-6)
@@ -94,48 +97,47 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @hopper
-@pytest.mark.parametrize("position", [0, 2, 255, 511])
-def test_one_launch_equals_the_per_layer_kernels_and_the_torch_ops(position):
-    """Hidden state, residual and the new cache slot after 4 layers (3 with the condition tokens first, the last
-    without): as close to the PyTorch ops as the per-layer kernels are, in bf16."""
+@pytest.mark.parametrize("rows, position", [(2, 0), (2, 2), (2, 255), (2, 511), (16, 0), (16, 300), (16, 511)])
+def test_one_launch_equals_the_per_layer_kernels_and_the_torch_ops(rows, position):
+    """Hidden state, residual and the new cache slots after 4 layers (3 with the condition tokens first, the last
+    without), one prompt or eight: as close to the PyTorch ops as the per-layer kernels are, in bf16."""
     from inference.triton_ops import Launch, TritonOps
 
     dev = torch.device("cuda")
-    layers = _layers(4, 592, "cuda", seed=position)
+    layers = _layers(4, 592, "cuda", seed=position, rows=rows)
     cos, sin = rope_tables(128, 512, 10000.0, dev)
     pos = torch.tensor([position], device=dev)
-    x0 = torch.randn(2, 1536, device=dev, generator=torch.Generator(device=dev).manual_seed(1)).bfloat16()
+    x0 = torch.randn(rows, 1536, device=dev, generator=torch.Generator(device=dev).manual_seed(1)).bfloat16()
     fused_ops = TritonOps()
     h_f, x_f = _decode(fused_ops, x0, layers, pos, cos, sin)
     assert fused_ops.runs_persistent_layers
-    new_f = [(lw.cache.k[:2, :, lw.offset + position].clone(), lw.cache.v[:2, :, lw.offset + position].clone())
+    new_f = [(lw.cache.k[:, :, lw.offset + position].clone(), lw.cache.v[:, :, lw.offset + position].clone())
              for lw in layers]
     per_layer = TritonOps(dataclasses.replace(Launch(), persistent_layers=False))
     h_k, x_k = _decode(per_layer, x0, layers, pos, cos, sin)
     assert not per_layer.runs_persistent_layers
     h_t, x_t = _decode(TorchOps(), x0, layers, pos, cos, sin)
-    assert _rel(h_f, h_k) < 1e-2 and _rel(x_f, x_k) < 1e-2
+    assert _rel(h_f, h_k) < 2e-2 and _rel(x_f, x_k) < 2e-2
     assert _rel(h_f, h_t) < 1.5 * _rel(h_k, h_t) + 1e-3
     assert _rel(x_f, x_t) < 1.5 * _rel(x_k, x_t) + 1e-3
     for lw, (k_f, v_f) in zip(layers, new_f):
-        k_t, v_t = lw.cache.k[:2, :, lw.offset + position], lw.cache.v[:2, :, lw.offset + position]
+        k_t, v_t = lw.cache.k[:, :, lw.offset + position], lw.cache.v[:, :, lw.offset + position]
         assert _rel(k_f, k_t) < 2e-2 and _rel(v_f, v_t) < 2e-2
 
 
 @hopper
 def test_engine_generates_through_the_persistent_layers_in_a_graph():
-    """A v0.1-shaped bf16 engine decodes one prompt with the kernel inside its CUDA graph, as many tokens as asked,
-    each a shape code; the batch bucket keeps the per-layer kernels."""
+    """A v0.1-shaped bf16 engine decodes one prompt and a batch of eight with the kernels inside its CUDA graphs,
+    as many tokens as asked, each a shape code, the same ids when asked again; a bucket of 2 prompts (4 rows)
+    keeps the per-layer kernels."""
     from inference.engine import Engine
 
     cfg = Cube3DConfig.from_name("v0.1")
-    engine = Engine("v0.1", None, "cuda", torch.bfloat16, mode="fast", batch_buckets=(1, 2), init_std=0.02)
-    text = torch.randn(3, cfg.text_tokens, cfg.text_model_embed_dim, generator=torch.Generator().manual_seed(0))
+    engine = Engine("v0.1", None, "cuda", torch.bfloat16, mode="fast", batch_buckets=(1, 2, 8), init_std=0.02)
+    text = torch.randn(9, cfg.text_tokens, cfg.text_model_embed_dim, generator=torch.Generator().manual_seed(0))
     cond = engine.condition(text)
-    ids = engine.generate(cond[:1], cond[2:], n_tokens=48)
+    for prompts in (1, 8, 2):
+        ids = engine.generate(cond[:prompts], cond[8:], n_tokens=40)
+        assert ids.shape == (prompts, 40) and 0 <= int(ids.min()) and int(ids.max()) < cfg.shape_model_vocab_size
+        assert torch.equal(ids, engine.generate(cond[:prompts], cond[8:], n_tokens=40)), f"{prompts} prompts"
     assert engine.ops.runs_persistent_layers
-    assert ids.shape == (1, 48) and 0 <= int(ids.min()) and int(ids.max()) < cfg.shape_model_vocab_size
-    again = engine.generate(cond[:1], cond[2:], n_tokens=48)
-    assert torch.equal(ids, again)
-    both = engine.generate(cond[:2], cond[2:], n_tokens=16)
-    assert both.shape == (2, 16)

@@ -142,6 +142,15 @@ __device__ __forceinline__ void send_f32(uint32_t dst, float v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
                "r"(bar) : "memory");
 }
+// A consumer warp is done with a ring stage (`empty`: its barrier), so the producer may copy into it again. ptxas
+// issues the arrive without waiting for the warp's shared-memory loads of the stage to return, so a late load could
+// read the next copy (16 rows: identical steps differed after a few layers; compute-sanitizer's racecheck flagged
+// these loads against the bulk copies). Each caller therefore first stores something computed from its loads (partial sums, scores), which
+// the arrive, a release, waits for, or fences the async proxy where it has nothing to store.
+__device__ __forceinline__ void release_stage(const uint64_t* empty) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbar_arrive(smem_addr(empty));
+}
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory"); }
 
 // L2 loads of what other CTAs write during the launch: volatile with a memory clobber, so the compiler neither
@@ -365,9 +374,8 @@ __device__ __forceinline__ void gemv_stages(int n, int& it, const unsigned char*
     mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
     float acc[2][4] = {};
     stage_mma<R>(ring + s * SBP + g * (KS * 2) + koff * 2, a, acc);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_addr(empty + s));
-    store_partial<R>(part, u, acc, false);
+    store_partial<R>(part, u, acc, false);   // before the release: see release_stage
+    release_stage(empty + s);
   }
 }
 
@@ -464,11 +472,10 @@ __device__ void attention_split(const Params& p, const LayerW& L, long long pos,
         }
       }
       acc *= p.scale;
-      sc[base + tid] = acc;
+      sc[base + tid] = acc;   // before the release: see release_stage
       mx = fmaxf(mx, acc);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_addr(empty + s));
+    release_stage(empty + s);
   }
   if (sp.old < cnt && warp == CW - 1) {   // the new token's slot
     float v = 0.f;
@@ -502,8 +509,8 @@ __device__ void attention_split(const Params& p, const LayerW& L, long long pos,
           acc[2 * e + 1] = fmaf(pw, hi_bf(wv[e]), acc[2 * e + 1]);
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem_addr(empty + s));
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // nothing stored: see release_stage
+      release_stage(empty + s);
     }
     if (sp.old < cnt && grp == 0) {
 #pragma unroll
@@ -729,9 +736,8 @@ __device__ void run_layers(const Params& p, unsigned char* smem) {
         mbar_wait(smem_addr(full + s), (it / STAGES) & 1);
         float acc[2][4] = {};
         stage_mma<R>(ring + s * SBP + g * RS + koff * 2, a, acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(empty + s));
-        store_partial<R>(part, q - g0, acc, kk == 1);
+        store_partial<R>(part, q - g0, acc, kk == 1);   // before the release: see release_stage
+        release_stage(empty + s);
       }
     }
     consumers_sync();

@@ -11,6 +11,7 @@ import torch
 from inference import decode_layers
 from inference.config import Cube3DConfig
 from inference.decode_layers import PersistentLayers, compile_cubin
+from inference.errors import GenerationError
 from inference.layers import KVCache, rope_tables
 from inference.model import LayerWeights
 from inference.ops import TorchOps
@@ -40,6 +41,12 @@ def test_host_layout_matches_the_kernel(tmp_path, monkeypatch):
     compile_cubin()
     source.write_text(decode_layers.SOURCE.read_text() + "\nstatic_assert(sizeof(Params) == 88, \"wrong\");\n")
     with pytest.raises(Exception, match="static assertion|wrong"):
+        compile_cubin()
+
+
+def test_without_nvrtc_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(decode_layers, "_nvrtc_candidates", lambda: [])
+    with pytest.raises(GenerationError, match="no loadable NVRTC library.*nvidia-cuda-nvrtc"):
         compile_cubin()
 
 

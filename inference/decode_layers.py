@@ -142,6 +142,7 @@ class PersistentLayers:
         self.act = torch.empty(ROWS, F, dtype=torch.bfloat16, device=device)
         self.counter = torch.zeros(2, dtype=torch.int64, device=device)
         self._tables: dict[tuple[int, ...], Tensor] = {}
+        self._n_layers: int | None = None
 
     @classmethod
     def create(cls, device: torch.device) -> PersistentLayers | None:
@@ -177,6 +178,15 @@ class PersistentLayers:
         config._attrs = attrs          # keep the array alive with the config
         return config
 
+    def _check_layer_count(self, n: int) -> None:
+        """The barrier counter's targets assume every launch on it runs the same number of layers: a launch with
+        another count would wait forever, so refuse it."""
+        if self._n_layers is None:
+            self._n_layers = n
+        elif n != self._n_layers:
+            raise GenerationError(f"decode_layers: this instance runs {self._n_layers} layers a launch, not {n}; "
+                                  "use one PersistentLayers per layer count")
+
     def _table(self, layers: Sequence[LayerWeights]) -> Tensor:
         """Each layer's pointers and cache geometry, as the kernel's LayerW: [layers, 14] int64 on the device."""
         rows = [[t.data_ptr() for t in (lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm, lw.proj_w, lw.proj_b, lw.gu_w,
@@ -196,6 +206,7 @@ class PersistentLayers:
         for t in (x, cos, sin):
             if not t.is_contiguous():
                 raise GenerationError("decode_layers: x and the RoPE tables must be contiguous")
+        self._check_layer_count(len(layers))
         table = self._table(layers)
         h = torch.empty_like(x)
         params = struct.pack("<10Qi3f", table.data_ptr(), x.data_ptr(), h.data_ptr(), self.qkv.data_ptr(),

@@ -50,6 +50,16 @@ def test_without_nvrtc_the_error_says_what_to_install(monkeypatch):
         compile_cubin()
 
 
+def test_one_instance_refuses_another_layer_count():
+    """Its barrier counter assumes one layer count: a launch with another would hang, so it is refused first."""
+    kernel = PersistentLayers.__new__(PersistentLayers)   # the check needs no device
+    kernel._n_layers = None
+    kernel._check_layer_count(24)
+    kernel._check_layer_count(24)
+    with pytest.raises(GenerationError, match="runs 24 layers a launch, not 2"):
+        kernel._check_layer_count(2)
+
+
 def _layers(n: int, cache_len: int, device: str, dtype=torch.bfloat16, seed: int = 0) -> list[LayerWeights]:
     cfg = Cube3DConfig.from_name("v0.1")
     d, f, h, hd = cfg.n_embd, cfg.mlp_hidden, cfg.n_head, cfg.head_dim

@@ -137,7 +137,7 @@ def apply(ctx) -> None:
     """Register entities, sources, feature views and services in the Feast registry (idempotent), and record the
     version of each view."""
     from featurectl.repo_plan import plan_repo, render
-    from redis_store.freshness import forget_newest
+    from redis_store.freshness import forget_newest, read_newest
     from redis_store.settings import RedisSettings
 
     cfg = ctx.config()
@@ -146,6 +146,8 @@ def apply(ctx) -> None:
     store = _store(cfg)
     with _logs(cfg) as (version_log, backfill_log):
         repo_plan = plan_repo(compiled, store, version_log, backfill_log, cfg.project)
+        if repo_plan.removed_views:  # Feast's own client drops their online tables: a refused AUTH or an
+            read_newest(RedisSettings.from_config(cfg), cfg.project)  # unreachable Redis fails here, not halfway
         store.apply(objects.all(), objects_to_delete=repo_plan.to_delete, partial=False)
         version_log.record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
                                    dt.datetime.now(dt.timezone.utc))

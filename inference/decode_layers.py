@@ -32,6 +32,8 @@ D, H, HD, F, ROWS = 1536, 12, 128, 6144, 2
 CLUSTER = 4                     # CTAs a (row, head) attention pair
 MIN_GRID = 120                  # gate/up stages a CTA at most 13 (2F / 8 rows over the grid); 24 attention clusters
 MAX_SPLIT_SLOTS = 1280          # cache slots one of the 4 splits holds in shared memory
+# the kernel's dynamic shared memory: the ring's stages and mbarriers, x and a phase's activations, partial sums,
+# a CTA pair's down sums, LayerNorm sums, the attention partials rank 0 merges (a test checks it against the kernel)
 STAGES, SBP, AH, PB, MAXG, AP = 8, 8 * (2 * D + 64), 2 * D + 32, 13 * 8 * 16, 4, HD + 2
 SMEM = STAGES * SBP + 16 * STAGES + 16 + ROWS * D * 2 + ROWS * AH * 2 + (PB + 2 * MAXG * 16 + 16 * ROWS + 3 * AP) * 4
 THREADS = 9 * 32

@@ -165,7 +165,7 @@ class PersistentLayers:
         for lw in layers:
             k = lw.cache.k
             if (lw.qkv_w.shape != (3 * D, D) or lw.gu_w.shape != (2 * F, D) or lw.down_w.shape != (D, F)
-                    or k.shape[1:] != (H, k.shape[2], HD) or k.dtype != torch.bfloat16
+                    or k.shape[1:] != (H, k.shape[2], HD) or k.shape[0] < ROWS or k.dtype != torch.bfloat16
                     or lw.qkv_w.dtype != torch.bfloat16 or k.shape[2] // CLUSTER + 1 > MAX_SPLIT_SLOTS):
                 return False
         return True

@@ -87,6 +87,8 @@ def test_applies_only_to_the_shapes_it_was_compiled_for():
     assert not PersistentLayers.applies(torch.zeros(16, 1536, dtype=torch.bfloat16), layers, cos)   # batch bucket
     too_long = _layers(1, 4 * decode_layers.MAX_SPLIT_SLOTS + 80, "cpu")
     assert not PersistentLayers.applies(x, too_long, cos)
+    one_row = [lw._replace(cache=KVCache(1, 12, 592, 128, torch.bfloat16, "cpu")) for lw in layers]
+    assert not PersistentLayers.applies(x, one_row, cos)   # the kernel writes and reads 2 cache rows
     assert PersistentLayers.create(torch.device("cpu")) is None
 
 

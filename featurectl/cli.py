@@ -85,3 +85,21 @@ def main() -> None:
     except FeaturectlError as exc:  # every error a user can act on: one line, no traceback
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
+    except Exception as exc:
+        message = _registry_unavailable(exc)
+        if message is None:
+            raise
+        click.echo(f"Error: {message}", err=True)
+        sys.exit(1)
+
+
+def _registry_unavailable(exc: Exception) -> str | None:
+    """The one line for a registry database that refused or dropped a connection (down, restarting, a wrong
+    address), which a user fixes and is no bug; None for any other error. SQLAlchemy is looked up, not imported:
+    a command that never loaded it cannot have failed on the database, and `--help` stays fast."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is None or not isinstance(exc, sa_exc.OperationalError):
+        return None
+    detail = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+    return (f"the registry database is unavailable ({detail}); is it running? `featurectl services up --postgres` "
+            "starts the local one, and `registry.path` in feature_store.yaml (or --registry) names the one used")

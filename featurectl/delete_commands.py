@@ -231,16 +231,18 @@ def _remove_registered(cfg: ProjectConfig) -> list[str]:
     from feast import FeatureStore
 
     from featurectl.lineage import forget_lineage
-    from redis_store.freshness import forget_newest
+    from redis_store.freshness import forget_newest, read_newest
     from redis_store.settings import RedisSettings
 
+    settings = RedisSettings.from_config(cfg)
+    read_newest(settings, cfg.project)  # a refused AUTH fails here in one line, before Feast's own client deletes
     store = FeatureStore(config=cfg.feast_repo_config())
     current = [*store.list_feature_services(), *store.list_feature_views(), *store.list_on_demand_feature_views(),
                *store.list_stream_feature_views(), *store.list_data_sources(), *store.list_entities()]
     views = [v.name for v in store.list_feature_views()]
     try:
         store.apply([], objects_to_delete=current, partial=False)
-        forget_newest(RedisSettings.from_config(cfg), cfg.project)
+        forget_newest(settings, cfg.project)
     except ConnectionError as exc:
         raise click.ClickException(f"cannot reach Redis to delete online values ({exc}): "
                                    "run `featurectl services up` and retry") from exc

@@ -99,8 +99,9 @@ def usage(ctx, since_minutes: int) -> None:
     """Requests, generated shape tokens and throttled (429) requests per key; servers write usage every
     platform.auth.refresh_s and at shutdown."""
     since = int(time.time() // 60) - since_minutes
+    rows = _store(ctx).usage(since)  # before the header: a failed read prints its error alone
     click.echo(f"{'key':<10}{'name':<22}{'requests':>10}{'tokens':>10}{'throttled':>11}")
-    for key_id, name, requests, tokens, rejected in _store(ctx).usage(since):
+    for key_id, name, requests, tokens, rejected in rows:
         click.echo(f"{key_id:<10}{name:<22}{requests:>10}{tokens:>10}{rejected:>11}")
 
 

@@ -137,20 +137,23 @@ def apply(ctx) -> None:
     """Register entities, sources, feature views and services in the Feast registry (idempotent), and record the
     version of each view."""
     from featurectl.repo_plan import plan_repo, render
-    from redis_store.freshness import forget_newest
+    from redis_store.freshness import forget_newest, read_newest
     from redis_store.settings import RedisSettings
 
     cfg = ctx.config()
     compiled = _compiled(cfg)
     objects = compiled.feast
     store = _store(cfg)
+    redis = RedisSettings.from_config(cfg)
     with _logs(cfg) as (version_log, backfill_log):
         repo_plan = plan_repo(compiled, store, version_log, backfill_log, cfg.project)
+        if repo_plan.removed_views:  # Feast's own client drops their online tables: a refused AUTH or an
+            read_newest(redis, cfg.project)  # unreachable Redis fails here, not halfway
         store.apply(objects.all(), objects_to_delete=repo_plan.to_delete, partial=False)
         version_log.record_applied(cfg.project, repo_plan.to_record, repo_plan.removed_views,
                                    dt.datetime.now(dt.timezone.utc))
         version_log.forget_online(cfg.project, repo_plan.removed_views)
-        forget_newest(RedisSettings.from_config(cfg), cfg.project, repo_plan.removed_views)
+        forget_newest(redis, cfg.project, repo_plan.removed_views)
     click.echo("\n".join(render(repo_plan, "apply", ctx.command_prefix())))
     click.echo(f"applied {len(objects.entities)} entities, {len(objects.feature_views)} feature views, "
                f"{len(objects.feature_services)} feature services to {cfg.registry_url}")

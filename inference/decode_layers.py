@@ -163,6 +163,7 @@ class PersistentLayers:
         self.act = torch.empty(rows, F, dtype=torch.bfloat16, device=device)
         self.counters = {r: torch.zeros(2, dtype=torch.int64, device=device) for r in KERNELS}
         self._tables: dict[tuple[int, ...], Tensor] = {}
+        self._n_layers: dict[int, int] = {}   # rows: the layer count its counter's launches run
 
     @classmethod
     def create(cls, device: torch.device) -> PersistentLayers | None:
@@ -199,6 +200,14 @@ class PersistentLayers:
         config._attrs = attrs          # keep the array alive with the config
         return config
 
+    def _check_layer_count(self, rows: int, n: int) -> None:
+        """A kernel's barrier counter targets assume every launch on it runs the same number of layers: a launch
+        with another count would wait forever, so refuse it."""
+        first = self._n_layers.setdefault(rows, n)
+        if n != first:
+            raise GenerationError(f"decode_layers: this instance runs {first} layers a launch for {rows} rows, not "
+                                  f"{n}; use one PersistentLayers per layer count")
+
     def _table(self, layers: Sequence[LayerWeights]) -> Tensor:
         """Each layer's pointers and cache geometry, as the kernel's LayerW: [layers, 14] int64 on the device."""
         rows = [[t.data_ptr() for t in (lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm, lw.proj_w, lw.proj_b, lw.gu_w,
@@ -219,6 +228,7 @@ class PersistentLayers:
             if not t.is_contiguous():
                 raise GenerationError("decode_layers: x and the RoPE tables must be contiguous")
         rows = x.shape[0]
+        self._check_layer_count(rows, len(layers))
         table = self._table(layers)
         h = torch.empty_like(x)
         params = struct.pack("<10Qi3f", table.data_ptr(), x.data_ptr(), h.data_ptr(), self.qkv.data_ptr(),

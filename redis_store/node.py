@@ -39,14 +39,31 @@ def check_replies(replies: list, where: str) -> list:
     return replies
 
 
-def unavailable(where: str, exc: BaseException, timeout_s: float) -> RedisUnavailableError:
-    """What a failed connection, read or write means to a user, and what to do."""
+def refused_then_closed(replies: list, where: str) -> Optional[RedisReplyError]:
+    """The AUTH refusal among the replies Redis sent before closing the connection (it does so after refusing an
+    unauthenticated client's long command), which says more than the close; None when there is none."""
+    for reply in replies:
+        if isinstance(reply, hiredis.ReplyError) and auth_hint(reply):
+            return RedisReplyError(f"redis at {where} answered with an error: {reply}{auth_hint(reply)}")
+    return None
+
+
+def unavailable(where: str, exc: BaseException, timeout_s: float, tls: bool = False) -> RedisUnavailableError:
+    """What a failed connection, read or write means to a user, and what to do (`tls`: it timed out connecting
+    with TLS, as it does against a port that does not speak TLS: Redis waits for a command that never comes)."""
+    if tls and isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return RedisUnavailableError(f"TLS with redis at {where} failed (no TLS handshake within {timeout_s:g}s); "
+                                     "is it running, and is that its tls-port? ssl=true in "
+                                     "online_store.connection_string needs one")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return RedisUnavailableError(f"redis at {where} did not answer within {timeout_s:g}s; is it overloaded "
                                      "or stopped? retry later")
     if isinstance(exc, ssl.SSLError):
         return RedisUnavailableError(f"TLS with redis at {where} failed ({exc}); check ssl=true and ssl_ca_certs "
                                      "(and ssl_certfile/ssl_keyfile) in online_store.connection_string")
+    if isinstance(exc, ConnectionResetError):  # a TLS port hangs up on a plain connection's first command
+        return RedisUnavailableError(f"cannot reach redis at {where} ({exc}); is it running? (a port that takes "
+                                     "only TLS hangs up without ssl=true in online_store.connection_string)")
     return RedisUnavailableError(f"cannot reach redis at {where} ({exc}); is it running? "
                                  "(`featurectl services up` starts the local one)")
 
@@ -64,16 +81,20 @@ class Connection:
         self.sock = sock
         self.reader = hiredis.Reader()
         self.timeout_s, self.spin_s = settings.timeout_s, settings.spin_s
+        self.where = f"{address[0]}:{address[1]}"
         try:
             if settings.ssl_context is not None:
-                self.sock = settings.ssl_context.wrap_socket(sock, server_hostname=address[0])
+                try:
+                    self.sock = settings.ssl_context.wrap_socket(sock, server_hostname=address[0])
+                except TimeoutError as exc:
+                    raise unavailable(self.where, exc, settings.connect_timeout_s, tls=True) from exc
             self.sock.setblocking(False)
             self.poller = select.poll()
             self.poller.register(self.sock, select.POLLIN)
             handshake = settings.handshake()
             if handshake:
                 self.write(b"".join(handshake))
-                check_replies(self.read(len(handshake)), f"{address[0]}:{address[1]}")
+                check_replies(self.read(len(handshake)), self.where)
         except BaseException:
             sock.close()
             raise
@@ -95,7 +116,14 @@ class Connection:
             if reply is not False:
                 replies.append(reply)
                 continue
-            data, deadline = self._recv(spin_until, deadline)
+            try:
+                data, deadline = self._recv(spin_until, deadline)
+            except ConnectionResetError:
+                refusal = refused_then_closed(replies, self.where)
+                if refusal is None:
+                    raise
+                self.close()
+                raise refusal from None
             reader.feed(data)
         return replies
 
@@ -329,9 +357,9 @@ class _ReplyProtocol(asyncio.Protocol):
             self.watchdog.cancel()
         error = unavailable(self.where, exc or ConnectionResetError("connection closed by redis"), 0)
         while self.waiting:
-            future = self.waiting.popleft()[0]
+            future, _, replies, _ = self.waiting.popleft()
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(refused_then_closed(replies, self.where) or error)
 
 
 class AsyncNode:
@@ -370,7 +398,7 @@ class AsyncNode:
                                        *self.address, **tls),
                 self.settings.connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise unavailable(self.where, exc, self.settings.connect_timeout_s) from exc
+            raise unavailable(self.where, exc, self.settings.connect_timeout_s, context is not None) from exc
         handshake = self.settings.handshake()
         if handshake:
             try:

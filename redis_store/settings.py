@@ -59,9 +59,12 @@ def _flag(params: dict, name: str, default: bool) -> bool:
     raise RedisConfigError(f"online_store.connection_string: `{name}` must be true or false, got `{value}`")
 
 
-def _node(part: str) -> tuple[str, int]:
+def _node(part: str, after_settings: bool) -> tuple[str, int]:
     host, _, port = part.strip().rpartition(":")
     if not port.isdigit():
+        if after_settings:  # likely the rest of a password holding a `,`: never echoed
+            raise RedisConfigError("online_store.connection_string: a part after the settings is not host:port; "
+                                   "a value (the password?) cannot hold a `,` in Feast's format")
         raise RedisConfigError(f"online_store.connection_string: `{part.strip()}` is not host:port; "
                                "write e.g. 127.0.0.1:6379,password=...")
     return host or "127.0.0.1", int(port)
@@ -120,7 +123,8 @@ class RedisSettings:
         parts = [p for p in connection_string.split(",") if p.strip()]
         pairs = [(name.strip(), value) for name, _, value in (p.partition("=") for p in parts if "=" in p)]
         params = {name: _value(name, value) for name, value in pairs}
-        nodes = tuple(_node(p) for p in parts if "=" not in p)
+        first_setting = next((i for i, p in enumerate(parts) if "=" in p), len(parts))
+        nodes = tuple(_node(p, i > first_setting) for i, p in enumerate(parts) if "=" not in p)
         unknown = sorted(set(params) - _KNOWN)
         if unknown:
             raise RedisConfigError(f"online_store.connection_string: unknown setting(s) "
@@ -167,8 +171,9 @@ class RedisSettings:
 
 
 def auth_hint(reply: Any) -> str:
-    """What to do about an AUTH/ACL refusal from Redis (empty for any other error reply)."""
-    if str(reply).startswith(AUTH_ERRORS):
+    """What to do about an AUTH/ACL refusal from Redis (empty for any other error reply); a long command before AUTH
+    is refused as `ERR Protocol error: unauthenticated multibulk length` (and the connection closed)."""
+    if str(reply).startswith(AUTH_ERRORS) or "Protocol error: unauthenticated" in str(reply):
         return ("; set `password=` (and `username=` for an ACL user) in online_store.connection_string, "
                 "e.g. password=${REDIS_PASSWORD}")
     return ""

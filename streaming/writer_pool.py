@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Optional
 
+from confluent_kafka import KafkaException
+
 from common.errors import FeaturectlError
 from common.storage import Storage
 from redis_store.settings import RedisSettings
@@ -80,7 +82,12 @@ def writer_main(spec: WriterSpec, index: int, count: int, heads: Any, conn: Any)
             while conn.poll():
                 if conn.recv() == "stop":
                     return
-                conn.send(("report", _report(writer, metrics)))
+                try:
+                    report = _report(writer, metrics)
+                except KafkaException as exc:  # the broker away for a moment: no figures now, the stream goes on
+                    log.warning("report: the tile topics' ends are unknown (%s)", exc)
+                    continue
+                conn.send(("report", report))
     except (EOFError, BrokenPipeError):
         return  # the stream's process is gone, and this writer's work with it
     except Exception as exc:
@@ -96,9 +103,11 @@ def writer_main(spec: WriterSpec, index: int, count: int, heads: Any, conn: Any)
 
 
 def _report(writer: WindowWriter, metrics: StreamMetrics) -> dict:
+    """This writer's figures; the broker is asked first, so a report it cannot answer keeps the lag samples."""
+    behind = writer.tiles_behind()
     lags = list(metrics.lags)
     metrics.lags.clear()
-    return {"totals": metrics.totals(), "lags": lags, "held": writer.held(), "tiles_behind": writer.tiles_behind(),
+    return {"totals": metrics.totals(), "lags": lags, "held": writer.held(), "tiles_behind": behind,
             "unwritten": writer.unwritten()}
 
 

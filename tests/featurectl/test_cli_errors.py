@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from cli_helpers import copy_example_repo, featurectl, register_repo
+from cli_helpers import copy_example_repo, featurectl, free_port, register_repo
 
 
 def _one_line_error(done, *fragments: str) -> None:
@@ -106,3 +106,16 @@ def test_commands_that_write_local_history_refuse_data_in_shared_storage(tmp_pat
     settings["platform"]["data_storage"] = "shared/data"
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
     _one_line_error(featurectl("--repo", str(repo), "plan"), "platform.data_storage 'shared/data' is not a URI")
+
+
+def test_a_registry_database_that_is_down_is_one_line(tmp_path):
+    """PostgreSQL stopped or restarting (here: nothing listens on its port): every command that reads or writes the
+    registry says which database it could not reach and how to start it, not SQLAlchemy's traceback."""
+    port = free_port()
+    repo = copy_example_repo(tmp_path, "errs_registry_down", {"path": f"postgresql+psycopg://u@127.0.0.1:{port}/r"})
+    for args in (("plan", "--no-sql"), ("apply",), ("versions",), ("keys", "list"), ("keys", "usage"),
+                 ("keys", "create", "ranker", "--service", "asset_ranking")):
+        done = featurectl("--repo", str(repo), *args)
+        _one_line_error(done, "the registry database is unavailable", f"port {port}",
+                        "featurectl services up --postgres")
+        assert "requests" not in done.stdout  # `keys usage` prints no table header before its error

@@ -11,6 +11,7 @@ import torch
 from inference import decode_layers
 from inference.config import Cube3DConfig
 from inference.decode_layers import PersistentLayers, compile_cubin
+from inference.errors import GenerationError
 from inference.layers import KVCache, rope_tables
 from inference.model import LayerWeights
 from inference.ops import TorchOps
@@ -40,6 +41,23 @@ def test_host_layout_matches_the_kernel(tmp_path, monkeypatch):
     source.write_text(decode_layers.SOURCE.read_text() + "\nstatic_assert(sizeof(Params) == 88, \"wrong\");\n")
     with pytest.raises(Exception, match="static assertion|wrong"):
         compile_cubin()
+
+
+def test_without_nvrtc_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(decode_layers, "_nvrtc_candidates", lambda: [])
+    with pytest.raises(GenerationError, match="no loadable NVRTC library.*nvidia-cuda-nvrtc"):
+        compile_cubin()
+
+
+def test_one_instance_refuses_another_layer_count():
+    """Its barrier counter assumes one layer count: a launch with another would hang, so it is refused first."""
+    kernel = PersistentLayers.__new__(PersistentLayers)   # the check needs no device
+    kernel._n_layers = {}
+    kernel._check_layer_count(2, 24)
+    kernel._check_layer_count(2, 24)
+    kernel._check_layer_count(16, 4)   # the 16-row kernel has its own counter
+    with pytest.raises(GenerationError, match="runs 24 layers a launch for 2 rows, not 2"):
+        kernel._check_layer_count(2, 2)
 
 
 def _layers(n: int, cache_len: int, device: str, dtype=torch.bfloat16, seed: int = 0,
@@ -73,6 +91,8 @@ def test_applies_only_to_the_shapes_it_was_compiled_for():
                                         cos)
     too_long = _layers(1, 4 * decode_layers.MAX_SPLIT_SLOTS + 80, "cpu")
     assert not PersistentLayers.applies(x, too_long, cos)
+    one_row = [lw._replace(cache=KVCache(1, 12, 592, 128, torch.bfloat16, "cpu")) for lw in layers]
+    assert not PersistentLayers.applies(x, one_row, cos)   # the kernel writes and reads 2 cache rows
     assert PersistentLayers.create(torch.device("cpu")) is None
 
 
@@ -123,6 +143,26 @@ def test_one_launch_equals_the_per_layer_kernels_and_the_torch_ops(rows, positio
     for lw, (k_f, v_f) in zip(layers, new_f):
         k_t, v_t = lw.cache.k[:, :, lw.offset + position], lw.cache.v[:, :, lw.offset + position]
         assert _rel(k_f, k_t) < 2e-2 and _rel(v_f, v_t) < 2e-2
+
+
+@hopper
+@pytest.mark.parametrize("rows", [2, 16])
+def test_the_same_step_twice_is_bit_identical(rows):
+    """24 layers, six times from the same residual: every run the same bits. A ring stage released before the warp's
+    loads of it had returned made 16-row runs differ from the third layer on (each of six runs distinct)."""
+    from inference.triton_ops import TritonOps
+
+    dev = torch.device("cuda")
+    layers = _layers(24, 592, "cuda", seed=5, rows=rows)
+    cos, sin = rope_tables(128, 512, 10000.0, dev)
+    x0 = torch.randn(rows, 1536, device=dev, generator=torch.Generator(device=dev).manual_seed(2)).bfloat16()
+    ops = TritonOps()
+    for position in (3, 300):
+        pos = torch.tensor([position], device=dev)
+        first = torch.cat(_decode(ops, x0, layers, pos, cos, sin))
+        for _ in range(5):
+            assert torch.equal(torch.cat(_decode(ops, x0, layers, pos, cos, sin)), first), f"position {position}"
+    assert ops.runs_persistent_layers
 
 
 @hopper

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -14,12 +15,12 @@ from pathlib import Path
 import hiredis
 import pytest
 import yaml
-from cli_helpers import free_port
+from cli_helpers import featurectl, free_port
 from serving_env import feast_rows, feature_server, get, make_repo, post
 
 from common.config import load_config
 from redis_store.errors import RedisConfigError, RedisReplyError, RedisUnavailableError
-from redis_store.node import SyncNode
+from redis_store.node import AsyncNode, SyncNode
 from redis_store.settings import RedisSettings
 from serving import AsyncOnlineClient, OnlineClient
 
@@ -143,13 +144,14 @@ def test_connection_string_keeps_feasts_format_and_hides_the_password():
     ("127.0.0.1:6379,ssl_cert_reqs=always", "`ssl_cert_reqs` must be one of"),
     ("password=x", "names no host:port"),
     ("redis-host,password=x", "is not host:port"),
+    ("127.0.0.1:6379,password=x,tail-of-secret", "cannot hold a `,`"),
     ("127.0.0.1:6379,password=${UNSET_TEST_VAR}", "export that environment variable"),
 ])
 def test_bad_connection_strings_say_what_to_fix_without_the_secret(text, fragment):
     with pytest.raises(RedisConfigError, match="online_store") as caught:
         RedisSettings.parse(text)
     assert fragment in str(caught.value)
-    assert "=x" not in str(caught.value)
+    assert "=x" not in str(caught.value) and "tail-of-secret" not in str(caught.value)
 
 
 def test_sdk_reads_with_the_password_and_with_an_acl_user(auth_redis, auth_repo, monkeypatch):
@@ -203,6 +205,58 @@ def test_feature_server_uses_the_password_and_never_shows_it(auth_redis, auth_re
     assert ready_status == 503 and "set `password=`" in ready
     logs = "".join(p.read_text() for p in wrong.parent.glob("server-*.log"))
     _no_secret(str(reply), ready, logs)
+
+
+def test_a_long_command_without_the_password_is_an_auth_error_not_a_lost_connection(auth_redis):
+    """Redis refuses a command of more than 10 arguments before AUTH (`Protocol error: unauthenticated multibulk
+    length`) and closes the connection, before the replies of the commands after it (a push's guarded writes, a
+    view's HMGET of many features)."""
+    settings = RedisSettings.parse(f"127.0.0.1:{auth_redis[1]}")
+    long_command = hiredis.pack_command(("HMGET", "some-key", *(f"view:f{i}" for i in range(12))))
+    commands = [long_command, hiredis.pack_command(("PING",))]
+    node = SyncNode(settings, settings.nodes[0])
+    with pytest.raises(RedisReplyError) as caught:
+        node.read([b"some-key", b""], commands)
+    node.close()
+
+    async def read() -> None:
+        client = AsyncNode(settings, settings.nodes[0])
+        try:
+            await client.read([b"some-key", b""], commands)
+        finally:
+            await client.close()
+
+    with pytest.raises(RedisReplyError) as caught_async:
+        asyncio.run(read())
+    for message in (str(caught.value), str(caught_async.value)):
+        assert "unauthenticated" in message and "set `password=`" in message, message
+
+
+def test_apply_and_teardown_refused_by_redis_fail_in_one_line_before_the_registry_changes(auth_redis, tmp_path):
+    """Removing a view (apply) or a project (teardown) has Feast drop online tables with a redis-py client of its
+    own; a refused password is one line from our client first, not redis-py's traceback after the registry
+    changed."""
+    port = auth_redis[1]
+    assert featurectl("init", "--dir", str(tmp_path), "authproj").returncode == 0
+    repo = tmp_path / "authproj"
+    settings = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    settings["registry"]["path"] = f"sqlite:///{tmp_path}/registry.db"
+    settings["online_store"]["connection_string"] = f"127.0.0.1:{port},password=${{TEST_REDIS_PASSWORD}}"
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(settings))
+    right, wrong = ({**os.environ, "TEST_REDIS_PASSWORD": secret} for secret in (PASSWORD, ACL_PASSWORD))
+    assert featurectl("--repo", str(repo), "apply", env=right).returncode == 0
+    features = (repo / "features.py").read_text()
+    start, end = features.index("customer_orders = FeatureView("), features.index("customer_profile = FeatureView(")
+    (repo / "features.py").write_text(features[:start] + features[end:].replace(
+        "features=[customer_orders, customer_profile]", "features=[customer_profile]"))
+    for command in (("apply",), ("teardown", "--yes")):
+        refused = featurectl("--repo", str(repo), *command, env=wrong)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.startswith("Error: redis at ") and "WRONGPASS" in refused.stderr, refused.stderr
+        _no_secret(refused.stdout, refused.stderr)
+    applied = featurectl("--repo", str(repo), "apply", env=right)       # the removal is still to do
+    assert applied.returncode == 0 and "customer_orders" in applied.stdout, applied.stdout
+    assert featurectl("--repo", str(repo), "teardown", "--yes", env=right).returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -282,4 +336,30 @@ def test_tls_misconfiguration_fails_fast_and_says_so(tls_redis, caplog, change):
         assert "ssl_ca_certs" in message
     else:
         assert f"127.0.0.1:{port}" in message
+    if change == "plain_tcp":
+        assert "ssl=true" in message
     _no_secret(message, caplog.text)
+
+
+def test_tls_against_a_plain_port_names_tls_not_an_overloaded_redis(auth_redis, tls_redis):
+    """A plain port never answers a TLS handshake (Redis waits for a command line): the timeout says so."""
+    certs = tls_redis[2]
+    settings = RedisSettings.parse(f"127.0.0.1:{auth_redis[1]},password={PASSWORD},ssl=true,"
+                                   f"ssl_ca_certs={certs}/ca.crt,socket_connect_timeout=0.5")
+
+    async def ping() -> None:
+        node = AsyncNode(settings, settings.nodes[0])
+        try:
+            await node.ping()
+        finally:
+            await node.close()
+
+    sync_node = SyncNode(settings, settings.nodes[0])
+    for call in (sync_node.ping, lambda: asyncio.run(ping())):
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailableError) as caught:
+            call()
+        assert time.monotonic() - started < 5
+        message = str(caught.value)
+        assert "no TLS handshake within 0.5s" in message and "tls-port" in message, message
+        _no_secret(message)

@@ -1,13 +1,17 @@
 """The writer pool's restart rule, with real processes that die at once: restarted `MAX_RESTARTS` times within
 `RESTART_WINDOW_S`, then the stream stops with the last cause; deaths spread over more than the window do not
-add up. (The stream tests kill a real writer once and check the values: `test_stream_parallel`.)"""
+add up; a writer asked for its figures while the broker is away keeps running. (The stream tests kill a real writer
+once and check the values: `test_stream_parallel`.)"""
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from streaming import writer_pool
 from streaming.metrics import StreamMetrics
@@ -62,3 +66,72 @@ def test_deaths_further_apart_than_the_window_do_not_add_up(monkeypatch):
         assert all(1 <= h["restarts"] <= MAX_RESTARTS - 1 for h in pool.health())
     finally:
         pool.stop(timeout_s=1)
+
+
+class BrokerAwayWriter:
+    """A window writer with nothing to do whose first question to the broker (the tile topics' ends) fails, as
+    librdkafka's does while the broker restarts."""
+
+    def __init__(self, *args):
+        self.asked = 0
+
+    def tiles_behind(self) -> int:
+        self.asked += 1
+        if self.asked == 1:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION, "Failed to get watermark offsets"))
+        return 0
+
+    def load_history(self, history) -> int:
+        return 0
+
+    def catch_up(self) -> None:
+        pass
+
+    def assignment(self) -> list:
+        return []
+
+    def write_all(self) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def held(self) -> dict:
+        return {}
+
+    def unwritten(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_report_the_broker_cannot_answer_does_not_kill_the_writer(monkeypatch):
+    """A broker restart used to end the writer (and each outage counted towards stopping the stream): now that
+    report is skipped, the stream's process sees a writer that did not answer, and the next report comes back."""
+    monkeypatch.setattr(writer_pool, "WindowWriter", BrokerAwayWriter)
+    monkeypatch.setattr(writer_pool, "RedisSink", lambda *args: None)
+    monkeypatch.setattr(writer_pool, "SharedClock", lambda *args: None)
+    monkeypatch.setattr(writer_pool.signal, "signal", lambda *args: None)  # a thread here, not a process
+    spec = SimpleNamespace(plan=SimpleNamespace(views=[]), settings=None, redis=None, project="p", key_ttl_s=1,
+                           history=None)
+    parent, child = multiprocessing.Pipe()
+    writer = threading.Thread(target=writer_pool.writer_main, args=(spec, 0, 1, None, child), daemon=True)
+    writer.start()
+
+    def reply() -> tuple:
+        assert parent.poll(10), "the writer did not answer"
+        return parent.recv()
+
+    try:
+        assert reply()[0] == "read"
+        parent.send("write")
+        assert reply()[0] == "ready"
+        parent.send("report")
+        parent.send("report")
+        kind, report = reply()
+        assert kind == "report" and report["tiles_behind"] == 0, (kind, report)
+    finally:
+        parent.send("stop")
+        writer.join(10)
+    assert not writer.is_alive()

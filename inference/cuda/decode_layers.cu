@@ -1,5 +1,6 @@
 // Every layer of a decode step of one prompt (2 rows: the prompt and its unconditional twin) or eight (16 rows) in
-// one persistent launch, for Hopper (sm_90a); compiled at run time with NVRTC by inference/decode_layers.py. For each layer:
+// one persistent launch, for Hopper (sm_90a); compiled at run time with NVRTC by inference/decode_layers.py.
+// For each layer:
 //   h = LN(x); qkv = h Wqkv^T; a = attention(q/k RMSNorm + RoPE, the new k/v written to the cache);
 //   x += a Wo^T + bo; h = LN(x); act = silu(h Wg^T + bg) * (h Wu^T + bu); x += act Wd^T + bd
 // and h = LN(x) after the last layer. Why one launch: a step of per-layer kernels waits at every kernel boundary
@@ -10,9 +11,9 @@
 //   other global access of the multiprocessor waits in).
 // - Eight consumer warps multiply each stage with mma.m16n8k16 (the weight rows as B, the activation rows as A,
 //   held in registers for the phase: each lane's K chunks of rows g and g + 8, LayerNorm applied in place).
-// - Attention: cluster k owns the (row, head) pairs k, k + clusters, ..., each of its 4 CTAs a quarter of a pair's
-//   cache slots; the producer copies those keys and values through the ring too; rank 0 merges the 4 partial
-//   softmaxes it gets through distributed shared memory.
+// - Attention, 2 rows: cluster k owns the (row, head) pair k, each of its 4 CTAs a quarter of the pair's cache
+//   slots; rank 0 merges the 4 partial softmaxes it gets through distributed shared memory. 16 rows: CTA c owns the
+//   whole pairs c, c + grid, ... (192 pairs). The producer copies the keys and values through the ring too.
 // - The down projection is split by CTA pairs (a K half each), the second sending its sums to the first.
 // - Five grid barriers a layer (after q/k/v, attention, the output projection, gate/up and down) on a counter that
 //   only grows: counter[0] counts arrivals, counter[1] launches, so graph replays need no reset.
@@ -145,8 +146,8 @@ __device__ __forceinline__ void send_f32(uint32_t dst, float v, uint32_t bar) {
 // A consumer warp is done with a ring stage (`empty`: its barrier), so the producer may copy into it again. ptxas
 // issues the arrive without waiting for the warp's shared-memory loads of the stage to return, so a late load could
 // read the next copy (16 rows: identical steps differed after a few layers; compute-sanitizer's racecheck flagged
-// these loads against the bulk copies). Each caller therefore first stores something computed from its loads (partial sums, scores), which
-// the arrive, a release, waits for, or fences the async proxy where it has nothing to store.
+// these loads against the bulk copies). Each caller therefore first stores something computed from its loads
+// (partial sums, scores), which the arrive, a release, waits for, or fences the async proxy where it stores nothing.
 __device__ __forceinline__ void release_stage(const uint64_t* empty) {
   __syncwarp();
   if ((threadIdx.x & 31) == 0) mbar_arrive(smem_addr(empty));

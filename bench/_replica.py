@@ -6,7 +6,8 @@ own HTTP protocol) without the model, answering after an injected delay that can
 `POST /generate` answers a small body after the delay (202 with a job id for `"async": true`, the job done after
 the delay), `GET /jobs/{id}`, `/ready`, `/health` at once (a slow replica still passes its health checks);
 `POST /delay {"ms": N}` sets the delay, `POST /fail {"status": S}` makes `/generate` answer S as generate-server
-would (503 `closed`, 429 `queue_full`, 500 `generation_failed`; 0: answer again). It counts the requests it
+would (503 `closed`, 429 `queue_full`, 500 `generation_failed`; 0: answer again), and `POST /fail {"jobs": true}`
+makes the jobs submitted after it fail (a poll of one, once done: 500 `generation_failed`). It counts the requests it
 answered (`GET /count`), so that a test sees what reached each replica, not what the gateway says it sent.
 """
 
@@ -33,6 +34,8 @@ class DelayedReplica:
         self.name, self.delay_s = name, delay_ms / 1e3
         self.generated = 0
         self.fail_status = 0
+        self.fail_jobs = False
+        self.failing: set[str] = set()  # jobs that fail once done
         self.jobs: dict[str, float] = {}  # job id -> loop time it is done
         self._ids = itertools.count()
 
@@ -60,6 +63,8 @@ class DelayedReplica:
             if data.get("async"):
                 job = f"{next(self._ids):016x}"
                 self.jobs[job] = loop.time() + self.delay_s
+                if self.fail_jobs:
+                    self.failing.add(job)
                 return 202, orjson.dumps({"job_id": job, "status": "queued", "poll": f"/jobs/{job}"}), JSON, \
                     [(b"location", f"/jobs/{job}".encode())]
             if self.delay_s:
@@ -72,12 +77,16 @@ class DelayedReplica:
                 return 404, b'{"error":"no such job","code":"unknown_job"}', JSON, []
             if loop.time() < done:
                 return 202, orjson.dumps({"job_id": path[6:], "status": "running", "poll": path}), JSON, []
+            if path[len("/jobs/"):] in self.failing:
+                return 500, b'{"error":"injected generation_failed","code":"generation_failed"}', JSON, []
             return 200, b"glTF " + self.name.encode(), b"model/gltf-binary", []
         if path == "/delay" and method == "POST":
             self.delay_s = orjson.loads(body or b"{}")["ms"] / 1e3
             return 200, b"{}", JSON, []
         if path == "/fail" and method == "POST":
-            self.fail_status = orjson.loads(body or b"{}")["status"]
+            data = orjson.loads(body or b"{}")
+            self.fail_status = data.get("status", self.fail_status)
+            self.fail_jobs = data.get("jobs", self.fail_jobs)
             return 200, b"{}", JSON, []
         if path == "/count":
             return 200, orjson.dumps({"generated": self.generated}), JSON, []

@@ -29,7 +29,8 @@ def _mesh_charge(config_name: str):
               help="latency: power of two choices on each replica's latency estimate x its queue, and replicas "
                    "much slower than the others drained; round-robin: in turn (failures still drain)")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 3600), default=90.0, show_default=True,
-              help="seconds a replica may take to answer before it is failed over")
+              help="seconds a replica may take to answer before it is failed over (a request's own "
+                   "`timeout_s` plus 10 s when that is longer)")
 @click.option("--config", "config_name", type=click.Choice(["v0.1", "v0.5", "tiny"]), default="v0.1",
               show_default=True, help="the replicas' model: each mesh charges its generated shape tokens to the key")
 @click.option("--require-api-key/--no-require-api-key", default=None,

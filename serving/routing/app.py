@@ -13,6 +13,9 @@ passed on), with API keys and token budgets checked once, here.
 - Idempotent: GET and HEAD, and `POST /generate` with an `X-Request-ID` (the client names the request, saying that
   running it twice is fine; the mesh is the same for the same body). Only those are retried after a replica may
   have started them; see `serving.routing.router`.
+- Waiting: a replica may take `--timeout` (90 s) to answer, or a request's own `timeout_s` plus 10 s when that is
+  longer (generate-server waits up to `timeout_s` before it answers with a job). A job's poll that answers the
+  job's failure (a 5xx) does not count against the replica: only a connection that fails does.
 - `/health` (the gateway), `/ready` (some replica in rotation), `/metrics` and `/stats` (per replica) are the
   gateway's own. Each passed-on answer names its replica's tag in `X-Replica`.
 """
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 10  # generate-server's limit: a larger body would only be refused there
 MAX_JOBS_PER_REPLICA = 1024  # as many as a replica remembers
+REPLY_GRACE_S = 10.0  # past a request's `timeout_s`: the replica answers by then (the mesh, or a 202 with a job)
+MAX_WAIT_S = 3600.0  # the longest wait a request's `timeout_s` gets from the gateway (as `--timeout`)
 JSON = b"application/json"
 Reply = tuple[int, bytes, bytes, list]
 _JOB_ID = re.compile(r"[A-Za-z0-9_.~-]{1,128}")  # a replica's job ids are hex
@@ -72,6 +77,18 @@ def _refused(refusal: Refusal) -> Reply:
 def _reply(answer: Answer, replica: Optional[Replica]) -> Reply:
     headers = answer.headers + [(b"x-replica", replica.tag.encode())] if replica is not None else answer.headers
     return answer.status, answer.body, answer.content_type or JSON, headers
+
+
+def _replica_wait_s(body: bytes, default_s: float) -> float:
+    """How long the replica may take to answer this `POST /generate`: the gateway's `--timeout`, or longer when
+    the request asks to wait longer (`timeout_s`), so that a slow mesh it asked for does not fail the replica over."""
+    try:
+        asked = orjson.loads(body).get("timeout_s")
+    except (orjson.JSONDecodeError, AttributeError):
+        return default_s   # not a JSON object: the replica answers 400 at once
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not asked > 0:
+        return default_s   # refused by the replica at once, which says why
+    return max(default_s, min(float(asked), MAX_WAIT_S) + REPLY_GRACE_S)
 
 
 def _with_gateway_job_id(answer: Answer, replica: Replica) -> tuple[Answer, Optional[str]]:
@@ -156,7 +173,8 @@ class GatewayApp(AsgiApp):
             refusal = self.keys.admit(key, charge.feature_service, TOKENS, charge.tokens)  # type: ignore[union-attr]
             if refusal is not None:
                 return _refused(refusal)
-        answer, replica = await self.router.forward("POST", "/generate", body, headers, idempotent)
+        answer, replica = await self.router.forward("POST", "/generate", body, headers, idempotent,
+                                                    _replica_wait_s(body, self.router.settings.timeout_s))
         if key is not None and charge is not None and answer.status not in (200, 202):
             self.keys.refund(key, TOKENS, charge.tokens)  # type: ignore[union-attr]
         if answer.status == 202 and replica is not None:
@@ -183,7 +201,7 @@ class GatewayApp(AsgiApp):
                           "unknown_job")
         try:
             answer = await self.router.send(replica, "GET" if method == "HEAD" else method, f"/jobs/{replica_job}",
-                                            b"", headers)
+                                            b"", headers, judged=False)
         except (ReplicaUnreachable, ReplicaFailed) as exc:
             return _error(503, f"job `{job_id}` runs on replica {replica.tag}, which cannot be reached now ({exc}); "
                                "poll again later", "replica_unreachable", [(b"retry-after", b"2")])

@@ -104,10 +104,11 @@ class Router:
         return first if first.cost(now) <= second.cost(now) else second
 
     # sending
-    async def forward(self, method: str, path: str, body: bytes, headers: bytes,
-                      idempotent: bool) -> tuple[Answer, Optional[Replica]]:
+    async def forward(self, method: str, path: str, body: bytes, headers: bytes, idempotent: bool,
+                      timeout_s: Optional[float] = None) -> tuple[Answer, Optional[Replica]]:
         """The answer of the first replica that ran the request (see the module's note on retries), and which
-        replica it was (None when the answer is the gateway's own)."""
+        replica it was (None when the answer is the gateway's own). `timeout_s`: how long a replica may take to
+        answer (default `RoutingSettings.timeout_s`)."""
         tried: list[Replica] = []
         last: Optional[Answer] = None
         while len(tried) < self.settings.attempts and (replica := self.pick(tried)) is not None:
@@ -115,7 +116,7 @@ class Router:
                 self.retries += 1
             tried.append(replica)
             try:
-                answer = await self.send(replica, method, path, body, headers)
+                answer = await self.send(replica, method, path, body, headers, timeout_s=timeout_s)
             except ReplicaUnreachable as exc:
                 last = _synthetic(503, f"no replica could take the request: {exc}", "no_replica", True)
                 continue
@@ -132,14 +133,16 @@ class Router:
             return answer, replica
         return last or _synthetic(503, "no replica could take the request", "no_replica", True), None
 
-    async def send(self, replica: Replica, method: str, path: str, body: bytes = b"",
-                   headers: bytes = b"") -> Answer:
-        """One request to one replica, its outcome recorded (estimate, errors, ejection)."""
+    async def send(self, replica: Replica, method: str, path: str, body: bytes = b"", headers: bytes = b"",
+                   timeout_s: Optional[float] = None, judged: bool = True) -> Answer:
+        """One request to one replica, its outcome recorded (estimate, errors, ejection). `judged` False: the
+        answer's status is not the replica's health (a job poll answers its job's failure with a 5xx); only a
+        connection that fails counts against the replica."""
         replica.in_flight += 1
         replica.requests += 1
         start = time.monotonic()
         try:
-            answer = await replica.client.request(method, path, body, headers, self.settings.timeout_s)
+            answer = await replica.client.request(method, path, body, headers, timeout_s or self.settings.timeout_s)
         except ReplicaUnreachable as exc:
             replica.failed("connect")
             _eject(replica, str(exc))
@@ -152,7 +155,7 @@ class Router:
             replica.in_flight -= 1
         now = time.monotonic()
         replica.latency.record_ns(int((now - start) * 1e9))
-        if answer.status >= 500:
+        if answer.status >= 500 and judged:
             self._failed_answer(replica, answer)
         elif path == ROUTED_PATH and _measures_work(answer):
             replica.observe(now - start, now)

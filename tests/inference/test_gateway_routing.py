@@ -24,7 +24,7 @@ import pytest
 
 from cli_helpers import ROOT, cli_server
 from featurectl.services.scratch_redis import free_port, stop_process
-from serving.routing.app import _with_gateway_job_id
+from serving.routing.app import GatewayApp, _replica_wait_s, _with_gateway_job_id
 from serving.routing.replica import Replica, RoutingSettings
 from serving.routing.router import Router
 from serving.routing.upstream import Answer as ReplicaAnswer, ReplicaClient
@@ -199,6 +199,59 @@ def _route(urls: list[str], idempotent: bool, during=None, **settings):
         return answer, replica, router
 
     return asyncio.run(run())
+
+
+def test_polls_of_a_failed_job_leave_its_replica_in_rotation():
+    """A job that failed answers its polls with 500 `generation_failed`: the job's outcome, not the replica's
+    health (three such answers in a row used to eject a healthy replica)."""
+    async def run(url: str) -> tuple[list[int], bool, int]:
+        router = Router([url], RoutingSettings(failures_to_eject=2))
+        app = GatewayApp(router)
+        try:
+            status, body, _, _ = await app.respond("POST", "/generate", b'{"prompt": "a", "async": true}')
+            assert status == 202
+            await asyncio.sleep(0.1)                                     # past the job's 20 ms
+            polls = [(await app.respond("GET", orjson.loads(body)["poll"], b""))[0] for _ in range(4)]
+            return polls, router.replicas[0].in_rotation, router.replicas[0].errors["5xx"]
+        finally:
+            router.close()
+
+    with _replicas(1) as (replica,):
+        _post(replica.url + "/delay", {"ms": 20})
+        _post(replica.url + "/fail", {"jobs": True})
+        polls, in_rotation, errors = asyncio.run(run(replica.url))
+    assert polls == [500] * 4 and in_rotation and errors == 0
+
+
+def test_a_request_that_asks_to_wait_longer_than_the_gateway_timeout_gets_its_mesh():
+    """The body's `timeout_s` (plus 10 s) extends how long the gateway waits for the replica when it is longer than
+    `--timeout`: a slow mesh the request asked to wait for is answered, and its replica stays in rotation."""
+    async def run(url: str) -> tuple[tuple, bool, tuple]:
+        router = Router([url], RoutingSettings(timeout_s=0.3))
+        app = GatewayApp(router)
+        try:
+            asked = await app.respond("POST", "/generate", b'{"prompt": "a", "timeout_s": 5}')
+            in_rotation = router.replicas[0].in_rotation
+            plain = await app.respond("POST", "/generate", b'{"prompt": "a"}')
+            return asked, in_rotation, plain
+        finally:
+            router.close()
+
+    with _replicas(1) as (replica,):
+        _post(replica.url + "/delay", {"ms": 800})
+        asked, in_rotation, plain = asyncio.run(run(replica.url))
+    assert asked[:2] == (200, b"glTF r0") and in_rotation
+    assert plain[0] == 502 and b"replica_failed" in plain[1]                 # past --timeout, not retried
+
+
+@pytest.mark.parametrize("body, wait_s", [(b'{"prompt": "a"}', 90.0), (b'{"prompt": "a", "timeout_s": 30}', 90.0),
+                                          (b'{"prompt": "a", "timeout_s": 300}', 310.0),
+                                          (b'{"prompt": "a", "timeout_s": 1e9}', 3610.0),
+                                          (b'{"prompt": "a", "timeout_s": true}', 90.0),
+                                          (b'{"prompt": "a", "timeout_s": "600"}', 90.0), (b"[1]", 90.0),
+                                          (b"not json", 90.0)])
+def test_the_replica_wait_follows_the_request_timeout(body, wait_s):
+    assert _replica_wait_s(body, 90.0) == wait_s
 
 
 def test_a_request_never_sent_goes_elsewhere_even_when_not_idempotent():

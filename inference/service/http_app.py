@@ -1,7 +1,8 @@
 """The generation service over HTTP, as a plain ASGI app (the feature server's style: no framework, orjson).
 
 - `POST /generate` `{"prompt": ..., "asset_id"?: ..., "seed"?: 0, "top_p"?: 0.9, "timeout_s"?: 60, "async"?: false}`
-  answers the mesh (`model/gltf-binary`) with `Server-Timing` per stage. `timeout_s` (default the service's
+  answers the mesh (`model/gltf-binary`) with `Server-Timing` per stage and `X-Request-ID` (the caller's when it
+  sent one, else the request's own id, which a job's is too). `timeout_s` (default the service's
   `timeout_s`) is how long the caller waits: when it passes first, the request is not failed but answered like
   `"async": true`, with a job id (202, `Location: /jobs/{id}`, a `detail` saying why) while the mesh goes on being
   made. Poll `GET /jobs/{id}`: 202 while queued or running, then the mesh (200) or the error.
@@ -14,9 +15,9 @@
   410 `expired`: that job will never run, so its URL is gone for good rather than worth retrying.
 - With API keys on (`serving.gateway`): `POST /generate` and `GET /jobs/{id}` need a key (401), the key must be
   granted the conditioning feature service (403), and each mesh spends the model's fixed count of generated shape
-  tokens (512 for v0.1) from the key's per-minute budget, charged when the request is accepted and given back
-  if the queue refuses it (429 with `Retry-After`) or the generation fails. A job is visible only to the key that
-  submitted it.
+  tokens (512 for v0.1; in a rollout, those of the version the request's arm serves) from the key's per-minute
+  budget, charged when the request is accepted and given back if the queue refuses it (429 with `Retry-After`) or
+  the generation fails. A job is visible only to the key that submitted it.
 - Served from the model registry (`inference.service.rollout`): the mesh's `X-Model-Version` header and the
   `model_version` field of job bodies name the version (`NAME/VERSION`) that admitted the request; `/ready`
   lists the versions under each alias; `/metrics` has a series per version (`arm`, `version` labels) and the
@@ -91,9 +92,10 @@ def _job(request: GenerationRequest, future: Future, detail: Optional[str] = Non
     return 202, orjson.dumps(body), JSON, [(b"location", poll.encode())]
 
 
-def _mesh(result: GenerationResult) -> Reply:
+def _mesh(result: GenerationResult, client_id: Optional[str]) -> Reply:
+    """The mesh's answer: `X-Request-ID` is the caller's when it sent one, else the request's own (its job id)."""
     timing = ", ".join(f"{k};dur={v * 1e3:.3f}" for k, v in result.stages.items())
-    headers = [(b"x-request-id", result.request_id.encode()), (b"server-timing", timing.encode()),
+    headers = [(b"x-request-id", (client_id or result.request_id).encode()), (b"server-timing", timing.encode()),
                (b"x-batch-size", b"%d" % result.batch_size)]
     if result.fallback:
         headers.append((b"x-feature-fallback", result.fallback.encode()))
@@ -206,7 +208,7 @@ class GenerationApp:
                                             f"being made: poll /jobs/{request.id}")
         except Exception as exc:  # the service's own errors, mapped to their status
             return _failure(exc)
-        return _mesh(result)
+        return _mesh(result, request.client_id)
 
     def _submit(self, service: Union[GenerationService, Rollout], request: GenerationRequest,
                 key: Optional[ApiKey]) -> Union[Future, Refusal]:
@@ -214,7 +216,7 @@ class GenerationApp:
         generation fails (expired in the queue, no surface, an error), so a key pays only for meshes made."""
         if key is None or self.gateway is None:
             return service.submit(request)
-        cost = service.tokens_per_mesh
+        cost = service.tokens_for(request)   # a rollout's: the version the request's arm serves
         gateway = self.gateway
         refusal = gateway.admit(key, service.cfg.feature_service, TOKENS, cost)
         if refusal is not None:
@@ -255,7 +257,7 @@ class GenerationApp:
         exc = future.exception()
         if isinstance(exc, JobExpiredError):  # never to run: gone; a 503's Retry-After would promise this URL a mesh
             return _error(410, str(exc), exc.code)
-        return _failure(exc) if exc is not None else _mesh(future.result())
+        return _failure(exc) if exc is not None else _mesh(future.result(), request.client_id)
 
     async def health(self) -> Reply:
         return 200, b'{"status":"ok"}', JSON, []

@@ -73,7 +73,7 @@ class _Served:
 
 
 class Rollout:
-    """What the HTTP app serves: `submit`, `cfg`, `tokens_per_mesh`, `stats`, `close`, like one service."""
+    """What the HTTP app serves: `submit`, `cfg`, `tokens_for`, `stats`, `close`, like one service."""
 
     def __init__(self, cfg: ServiceConfig, resolve: Callable[[str], Optional[ModelVersion]],
                  build: Callable[[ServiceConfig], GenerationService], ab_share: float = 0.0,
@@ -109,9 +109,11 @@ class Rollout:
     def cfg(self) -> ServiceConfig:
         return self.champion.cfg
 
-    @property
-    def tokens_per_mesh(self) -> int:
-        return self.champion.tokens_per_mesh
+    def tokens_for(self, request: GenerationRequest) -> int:
+        """The shape tokens a mesh for `request` costs: those of the version its arm serves now (a challenger
+        may generate more than the champion)."""
+        with self._lock:
+            return self._served[self._arms[self._arm(request)]].service.tokens_for(request)
 
     @property
     def stats(self) -> "RolloutStats":
@@ -124,9 +126,8 @@ class Rollout:
 
     def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
         """Admit the request on its arm's version; raises what `GenerationService.submit` raises."""
-        arm = ab_arm(request_key(request), self.ab_share) if self.ab_share else "champion"
         with self._lock:
-            arm = arm if arm in self._arms else "champion"
+            arm = self._arm(request)
             served = self._served[self._arms[arm]]
             request.model_version = served.version.label
             future = served.service.submit(request)
@@ -136,6 +137,12 @@ class Rollout:
             share_of(request_key(request), SHADOW_SALT) < self.shadow_share
         future.add_done_callback(partial(self._settled, admitted, request if shadowed else None))
         return future
+
+    def _arm(self, request: GenerationRequest) -> str:
+        """The alias that serves `request` (the caller holds the lock): its A/B arm, the champion when no
+        challenger is loaded."""
+        arm = ab_arm(request_key(request), self.ab_share) if self.ab_share else "champion"
+        return arm if arm in self._arms else "champion"
 
     def close(self) -> None:
         self._stop.set()

@@ -138,9 +138,9 @@ class GenerationService:
             self._cv.notify()
         return future
 
-    @property
-    def tokens_per_mesh(self) -> int:
-        """Shape tokens every mesh decodes (a fixed count): what an API key's token budget is charged."""
+    def tokens_for(self, request: GenerationRequest) -> int:
+        """Shape tokens a mesh decodes (a fixed count for the model, whatever the request): what an API key's
+        token budget is charged."""
         return self.pipeline.engine.cfg.n_generated
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -43,6 +43,40 @@ def test_a_rollout_without_a_champion_refuses_to_start():
         Rollout(ServiceConfig.from_name("tiny"), lambda alias: None, build)
 
 
+def test_a_request_costs_the_tokens_of_the_version_its_arm_serves(tmp_path):
+    """With an A/B split, a challenger that generates more shape tokens charges its own count, not the champion's."""
+    import datetime as dt
+
+    from inference.registry import ModelVersion
+    from inference.registry.checkpoint_check import file_sha256
+    from inference.service import GenerationRequest, ServiceConfig
+    from inference.service.rollout import Rollout, ab_arm, request_key
+
+    class Tokens:
+        def __init__(self, cfg):
+            self.tokens = 1024 if cfg.model == "v0.5" else 512
+
+        def tokens_for(self, request):
+            return self.tokens
+
+        def close(self):
+            pass
+
+    versions = {}
+    for number, (alias, config) in enumerate((("champion", "v0.1"), ("challenger", "v0.5")), start=1):
+        source = tmp_path / f"{alias}.pt"
+        source.write_bytes(alias.encode())
+        versions[alias] = ModelVersion("m", number, str(source), config, file_sha256(source), dt.datetime.now())
+    rollout = Rollout(ServiceConfig.from_name("tiny"), versions.get, Tokens, ab_share=0.5)
+    try:
+        requests = [GenerationRequest("a chair", asset_id=f"asset_{i}") for i in range(40)]
+        costs = [rollout.tokens_for(r) for r in requests]
+        assert costs == [1024 if ab_arm(request_key(r), 0.5) == "challenger" else 512 for r in requests]
+        assert set(costs) == {512, 1024}
+    finally:
+        rollout.close()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ab", "challenger=0.1"], "add --model models:/NAME@champion"),
     (["--model", "models:/m@champion", "--ab", "challenger=1.5"], "e.g. challenger=0.1"),

@@ -151,11 +151,11 @@ def expiring():
     svc.close()
 
 
-def _call(url: str, body: dict | None = None):
+def _call(url: str, body: dict | None = None, headers: dict | None = None):
     """(status, headers (case-insensitive), body)."""
     data = None if body is None else orjson.dumps(body)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as reply:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers or {}), timeout=30) as reply:
             return reply.status, reply.headers, reply.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers, exc.read()
@@ -197,6 +197,16 @@ def test_http_wait_past_timeout_s_answers_a_job_to_poll_not_an_error(http):
     status, headers, mesh = _poll(http + job["poll"])
     assert status == 200 and headers["Content-Type"] == "model/gltf-binary" and mesh[:4] == b"glTF"
     assert headers["X-Request-Id"] == job["job_id"]
+
+
+def test_http_mesh_echoes_the_callers_request_id(http):
+    """The mesh's `X-Request-ID` is the one the caller sent, also when the mesh comes from a job's poll."""
+    status, headers, body = _call(f"{http}/generate", {"prompt": "a red cup"}, {"X-Request-ID": "client-7"})
+    assert status == 200 and body[:4] == b"glTF" and headers["X-Request-Id"] == "client-7"
+    status, _, body = _call(f"{http}/generate", {"prompt": "a red cup", "async": True}, {"X-Request-ID": "client-8"})
+    assert status == 202
+    status, headers, mesh = _poll(http + orjson.loads(body)["poll"])
+    assert status == 200 and mesh[:4] == b"glTF" and headers["X-Request-Id"] == "client-8"
 
 
 @pytest.mark.parametrize("body, fragment", [({"asset_id": "a"}, "`prompt` must be a non-empty string"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from common.config import DEFAULT_REPO, load_config
-from common.errors import FeaturectlError
+from common.errors import FeaturectlError, registry_unavailable
 
 
 class Context:
@@ -86,20 +86,8 @@ def main() -> None:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
     except Exception as exc:
-        message = _registry_unavailable(exc)
+        message = registry_unavailable(exc)
         if message is None:
             raise
         click.echo(f"Error: {message}", err=True)
         sys.exit(1)
-
-
-def _registry_unavailable(exc: Exception) -> str | None:
-    """The one line for a registry database that refused or dropped a connection (down, restarting, a wrong
-    address), which a user fixes and is no bug; None for any other error. SQLAlchemy is looked up, not imported:
-    a command that never loaded it cannot have failed on the database, and `--help` stays fast."""
-    sa_exc = sys.modules.get("sqlalchemy.exc")
-    if sa_exc is None or not isinstance(exc, sa_exc.OperationalError):
-        return None
-    detail = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-    return (f"the registry database is unavailable ({detail}); is it running? `featurectl services up --postgres` "
-            "starts the local one, and `registry.path` in feature_store.yaml (or --registry) names the one used")

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Optional, Union
 import orjson
 
 from common.config import HttpSettings
-from common.errors import FeaturectlError
+from common.errors import FeaturectlError, registry_unavailable
 from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from redis_store.node import check_replies
@@ -467,8 +467,9 @@ class FeatureServer:
                     self.client = self.make_client()
                     self.gateway = self.make_gateway() if self.make_gateway is not None else None
                 except Exception as exc:  # registry unreadable, bad settings: refuse to start, say why
-                    logger.error("feature server cannot start: %s", exc)
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    why = registry_unavailable(exc) or str(exc)
+                    logger.error("feature server cannot start: %s", why)
+                    await send({"type": "lifespan.startup.failed", "message": why})
                     return
                 if self.feature_log is not None:
                     self.feature_log.start()

@@ -38,6 +38,7 @@ from typing import Any, Awaitable, Callable, Optional, Union
 import orjson
 
 from common.config import HttpSettings
+from common.errors import registry_unavailable
 from inference.errors import Cube3DError, MeshError
 from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
@@ -291,8 +292,9 @@ class GenerationApp:
                     self.service = await asyncio.get_running_loop().run_in_executor(None, self.make_service)
                     self.gateway = self.make_gateway() if self.make_gateway is not None else None
                 except Exception as exc:  # weights missing, bad settings: refuse to start, say why
-                    log.error("generation service cannot start: %s", exc)
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    why = registry_unavailable(exc) or str(exc)
+                    log.error("generation service cannot start: %s", why)
+                    await send({"type": "lifespan.startup.failed", "message": why})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Union
 import orjson
 
 from common.config import HttpSettings
+from common.errors import registry_unavailable
 from serving.api_keys import ApiKey
 from serving.asgi import AsgiApp
 from serving.gateway import TOKENS, Gateway, Refusal
@@ -234,8 +235,9 @@ class GatewayApp(AsgiApp):
                 try:
                     self.keys = self.make_keys() if self.make_keys is not None else None
                 except Exception as exc:  # the registry is unreachable: refuse to start, say why
-                    log.error("gateway cannot start: %s", exc)
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    why = registry_unavailable(exc) or str(exc)
+                    log.error("gateway cannot start: %s", why)
+                    await send({"type": "lifespan.startup.failed", "message": why})
                     return
                 await self.router.probe()
                 self.prober = asyncio.get_running_loop().create_task(self.router.probe_forever())

@@ -119,3 +119,17 @@ def test_a_registry_database_that_is_down_is_one_line(tmp_path):
         _one_line_error(done, "the registry database is unavailable", f"port {port}",
                         "featurectl services up --postgres")
         assert "requests" not in done.stdout  # `keys usage` prints no table header before its error
+
+
+def test_a_server_started_while_the_registry_database_is_down_says_so_in_one_line(tmp_path):
+    """`serve` reads the registry when a worker starts: with the database down it logs the same line as the other
+    commands (which database, how to start it) and exits, not SQLAlchemy's text with its background link."""
+    port = free_port()
+    repo = copy_example_repo(tmp_path, "errs_serve_down", {"path": f"postgresql+psycopg://u@127.0.0.1:{port}/r"})
+    done = featurectl("--repo", str(repo), "serve", "--port", str(free_port()), timeout=60)
+    assert done.returncode != 0
+    failed = [line for line in done.stderr.splitlines() if "feature server cannot start" in line]
+    assert len(failed) == 1, done.stderr
+    assert "the registry database is unavailable" in failed[0] and f"port {port}" in failed[0]
+    assert "featurectl services up --postgres" in failed[0]
+    assert "sqlalche.me" not in done.stderr and "Traceback" not in done.stderr

@@ -33,6 +33,24 @@ def all_services(cfg: ProjectConfig) -> list[LocalService]:
     return [*(cls(cfg) for cls in SERVICES.values()), *flink_services(cfg)]
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _first_host(addresses: str) -> str:
+    """The host of the first `host:port` in a comma-separated list."""
+    return addresses.split(",")[0].strip().rpartition(":")[0] or "127.0.0.1"
+
+
+def uses_local_redis(cfg: ProjectConfig) -> bool:
+    """Whether the online store is on this machine (`online_store.connection_string`), where `up` starts Redis."""
+    return cfg.redis_host_port[0] in LOOPBACK
+
+
+def uses_local_kafka(cfg: ProjectConfig) -> bool:
+    """Whether the broker is on this machine (`platform.kafka.bootstrap_servers`), where `up` starts Kafka."""
+    return _first_host(cfg.platform.kafka.bootstrap_servers) in LOOPBACK
+
+
 def uses_local_s3(cfg: ProjectConfig) -> bool:
     """Whether the shared storage is on the S3 server `up --s3` starts."""
     storage = cfg.shared_storage
@@ -57,15 +75,16 @@ def wanted_services(cfg: ProjectConfig, only: Optional[str], postgres: Optional[
                     flink: int = 0, s3: Optional[bool] = None, milvus: Optional[bool] = None,
                     hdfs: Optional[bool] = None) -> list[LocalService]:
     """`--only` wins (`--only flink`: the cluster alone, with `--flink N` TaskManagers, 1 by default); otherwise
-    Redis and Kafka, plus PostgreSQL when the flag or the config asks for it, plus the S3 server when the flag
-    asks or the shared storage is on it, plus HDFS when the flag asks or the shared or data storage is on it,
-    plus the Milvus server when the flag asks or the vector index is on it, plus the Flink cluster with `flink`
-    TaskManagers when above 0."""
+    Redis and Kafka where the configuration puts them on this machine, plus PostgreSQL when the flag or the config
+    asks for it, plus the S3 server when the flag asks or the shared storage is on it, plus HDFS when the flag asks
+    or the shared or data storage is on it, plus the Milvus server when the flag asks or the vector index is on it,
+    plus the Flink cluster with `flink` TaskManagers when above 0."""
     if only == "flink":
         return flink_services(cfg, flink or 1)
     if only:
         return [SERVICES[only](cfg)]
-    optional = {"postgres": cfg.platform.postgres.enabled if postgres is None else postgres,
+    optional = {"redis": uses_local_redis(cfg), "kafka": uses_local_kafka(cfg),
+                "postgres": cfg.platform.postgres.enabled if postgres is None else postgres,
                 "s3": uses_local_s3(cfg) if s3 is None else s3,
                 "hdfs": uses_local_hdfs(cfg) if hdfs is None else hdfs,
                 "milvus": uses_local_milvus(cfg) if milvus is None else milvus}
@@ -102,6 +121,13 @@ def up(obj, postgres: Optional[bool], flink: int, s3: Optional[bool], hdfs: Opti
     for svc in wanted:
         click.echo(svc.up())
     started = {svc.name: svc for svc in wanted}
+    if only is None and not uses_local_redis(cfg):
+        host, port = cfg.redis_host_port
+        click.echo(f"redis: not started: online_store.connection_string names {host}:{port}, not this machine "
+                   "(`--only redis` starts a local one on that port)")
+    if only is None and not uses_local_kafka(cfg):
+        click.echo(f"kafka: not started: platform.kafka.bootstrap_servers names "
+                   f"{cfg.platform.kafka.bootstrap_servers}, not this machine (`--only kafka` starts a local one)")
     if HdfsServer.name in started and not uses_local_hdfs(cfg):
         server = HdfsServer(cfg)
         click.echo(f"hdfs: keep data on it with `platform.shared_storage` or `data_storage: {server.uri}/FOLDER` "

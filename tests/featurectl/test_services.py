@@ -107,6 +107,28 @@ def test_up_twice_leaves_running_services_alone(local_services: ProjectConfig, r
     assert status_pids(run_featurectl) == before
 
 
+def test_up_starts_redis_and_kafka_only_where_the_config_puts_them_on_this_machine(tmp_path: Path,
+                                                                                  run_featurectl) -> None:
+    """A remote online store or broker is not shadowed by a local one on its port: `up` says it left it alone, and
+    `--only redis` still starts a local one."""
+    from common.config import load_config
+    from featurectl.services import wanted_services
+
+    repo = scratch_repo(tmp_path)
+    raw = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    for host, local in (("127.0.0.1", True), ("localhost", True), ("redis.example", False)):
+        raw["online_store"]["connection_string"] = f"{host}:6390"
+        raw["platform"]["kafka"]["bootstrap_servers"] = f"{host}:19093,other.example:19093"
+        (repo / "feature_store.yaml").write_text(yaml.safe_dump(raw))
+        names = [svc.name for svc in wanted_services(load_config(repo), None, False)]
+        assert ("redis" in names, "kafka" in names) == (local, local), (host, names)
+        assert [svc.name for svc in wanted_services(load_config(repo), "redis", False)] == ["redis"]
+    done = run_featurectl("--repo", str(repo), "services", "up", "--no-postgres")
+    assert done.returncode == 0, done.stderr
+    assert "redis: not started: online_store.connection_string names redis.example:6390" in done.stdout
+    assert "kafka: not started: platform.kafka.bootstrap_servers names redis.example:19093" in done.stdout
+
+
 def test_missing_kafka_jars_says_run_setup(tmp_path: Path, run_featurectl) -> None:
     empty = tmp_path / "jars"
     empty.mkdir()

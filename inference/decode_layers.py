@@ -36,7 +36,7 @@ CLUSTER = 4                     # CTAs a (row, head) attention pair
 MIN_GRID = 120                  # gate/up stages a CTA at most 13 (2F / 8 rows over the grid); (row, head) pairs a
 #                                 cluster (2 rows) or CTA (16 rows) at most ceil(pairs / 30 or 120)
 MAX_SPLIT_SLOTS = 1280          # cache slots a CTA holds scores for (a quarter of a pair's with 2 rows, all with 16)
-THREADS = 9 * 32
+THREADS = 12 * 32      # 8 consumer warps and the producer warpgroup
 
 
 def smem_bytes(rows: int) -> int:

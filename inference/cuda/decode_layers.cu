@@ -5,10 +5,11 @@
 //   x += a Wo^T + bo; h = LN(x); act = silu(h Wg^T + bg) * (h Wu^T + bu); x += act Wd^T + bd
 // and h = LN(x) after the last layer. Why one launch: a step of per-layer kernels waits at every kernel boundary
 // for the previous kernel to drain; here the weights keep streaming across the layer's dependencies.
-// - One CTA per multiprocessor (clusters of 4). A producer warp copies the CTA's share of every weight matrix,
-//   8 rows at a time, into a ring of shared-memory stages with bulk copies (cp.async.bulk + mbarriers), running
-//   ahead across phases and layers with at most INFLIGHT copies on their way (more only lengthen the queue every
-//   other global access of the multiprocessor waits in).
+// - One CTA per multiprocessor (clusters of 4). One thread of a producer warpgroup copies the CTA's share of
+//   every weight matrix, 8 rows at a time, into a ring of shared-memory stages with bulk copies (cp.async.bulk +
+//   mbarriers), running ahead across phases and layers with at most INFLIGHT copies on their way (more only
+//   lengthen the queue every other global access of the multiprocessor waits in). The warpgroup hands most of its
+//   registers to the consumers (setmaxnreg).
 // - Eight consumer warps multiply each stage with mma.m16n8k16 (the weight rows as B, the activation rows as A,
 //   held in registers for the phase: each lane's K chunks of rows g and g + 8, LayerNorm applied in place).
 // - Attention, 2 rows: cluster k owns the (row, head) pair k, each of its 4 CTAs a quarter of the pair's cache
@@ -25,7 +26,8 @@ typedef unsigned short bf16;
 
 constexpr int CW = 8;                  // consumer warps
 constexpr int CT = CW * 32;            // consumer threads
-constexpr int THREADS = CT + 32;       // + the producer warp
+constexpr int THREADS = CT + 128;      // + the producer warpgroup (one thread copies; the warpgroup gives its
+                                       // registers to the consumers)
 constexpr int D = 1536;                // width
 constexpr int F = 4 * D;               // MLP hidden width
 constexpr int H = 12;                  // heads
@@ -636,10 +638,14 @@ __device__ void run_layers(const Params& p, unsigned char* smem) {
   }
   __syncthreads();
 
-  if (warp == CW) {  // producer: weights are never written during a step, so it starts before the PDL wait
-    if (lane == 0) produce<R>(p, ring, full, empty, rank);
+  // 12 warps allow ptxas 168 registers a thread, and 16 rows need more (it spilled addresses and indices and
+  // reloaded them every layer): the producer warpgroup keeps 56 and gives the rest to the 8 consumer warps (224)
+  if (warp >= CW) {  // producer: weights are never written during a step, so it starts before the PDL wait
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+    if (warp == CW && lane == 0) produce<R>(p, ring, full, empty, rank);
     return;
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
 
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);

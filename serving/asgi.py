@@ -4,8 +4,10 @@ lifespan only."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Awaitable, Callable, Optional
 
+from common.errors import registry_unavailable
 from serving.gateway import key_from_headers
 from serving.http_protocol import request_id
 
@@ -24,6 +26,14 @@ async def answer_http(app: Any, scope: dict, receive: Callable[[], Awaitable[dic
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(payload)), *headers]})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
+
+
+async def refuse_startup(send: Callable, log: logging.Logger, who: str, exc: BaseException) -> None:
+    """Answer the lifespan start-up with a failure that says why in one line (for a registry database that is
+    down, which database and how to start it), and log the same line."""
+    why = registry_unavailable(exc) or str(exc)
+    log.error("%s cannot start: %s", who, why)
+    await send({"type": "lifespan.startup.failed", "message": why})
 
 
 class AsgiApp:

@@ -22,12 +22,12 @@ from typing import Any, Awaitable, Callable, Optional, Union
 import orjson
 
 from common.config import HttpSettings
-from common.errors import FeaturectlError, registry_unavailable
+from common.errors import FeaturectlError
 from dsl.transform import TransformationError
 from redis_store.errors import RedisStoreError, RedisUnavailableError
 from redis_store.node import check_replies
 from serving.arrow_ipc import arrow_answer, parse_arrow_request
-from serving.asgi import answer_http
+from serving.asgi import answer_http, refuse_startup
 from serving.documents_request import parse_documents_request
 from serving.drift import DriftMonitor
 from serving.api_keys import ApiKey
@@ -467,9 +467,7 @@ class FeatureServer:
                     self.client = self.make_client()
                     self.gateway = self.make_gateway() if self.make_gateway is not None else None
                 except Exception as exc:  # registry unreadable, bad settings: refuse to start, say why
-                    why = registry_unavailable(exc) or str(exc)
-                    logger.error("feature server cannot start: %s", why)
-                    await send({"type": "lifespan.startup.failed", "message": why})
+                    await refuse_startup(send, logger, "feature server", exc)
                     return
                 if self.feature_log is not None:
                     self.feature_log.start()

@@ -38,14 +38,13 @@ from typing import Any, Awaitable, Callable, Optional, Union
 import orjson
 
 from common.config import HttpSettings
-from common.errors import registry_unavailable
 from inference.errors import Cube3DError, MeshError
 from inference.service.openapi import OPENAPI
 from inference.service.pipeline import GenerationRequest, GenerationResult
 from inference.service.rollout import Rollout
 from inference.service.service import BadRequestError, GenerationService, JobExpiredError, GenerationServiceError
 from serving.api_keys import ApiKey
-from serving.asgi import answer_http
+from serving.asgi import answer_http, refuse_startup
 from serving.gateway import TOKENS, Gateway, Refusal
 from serving.json_body import JsonBodyError, error_json, load_json
 
@@ -292,9 +291,7 @@ class GenerationApp:
                     self.service = await asyncio.get_running_loop().run_in_executor(None, self.make_service)
                     self.gateway = self.make_gateway() if self.make_gateway is not None else None
                 except Exception as exc:  # weights missing, bad settings: refuse to start, say why
-                    why = registry_unavailable(exc) or str(exc)
-                    log.error("generation service cannot start: %s", why)
-                    await send({"type": "lifespan.startup.failed", "message": why})
+                    await refuse_startup(send, log, "generation service", exc)
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -32,9 +32,8 @@ from typing import Any, Callable, Optional, Union
 import orjson
 
 from common.config import HttpSettings
-from common.errors import registry_unavailable
 from serving.api_keys import ApiKey
-from serving.asgi import AsgiApp
+from serving.asgi import AsgiApp, refuse_startup
 from serving.gateway import TOKENS, Gateway, Refusal
 from serving.json_body import error_json
 from serving.routing.metrics import RouterMetrics, summary
@@ -235,9 +234,7 @@ class GatewayApp(AsgiApp):
                 try:
                     self.keys = self.make_keys() if self.make_keys is not None else None
                 except Exception as exc:  # the registry is unreachable: refuse to start, say why
-                    why = registry_unavailable(exc) or str(exc)
-                    log.error("gateway cannot start: %s", why)
-                    await send({"type": "lifespan.startup.failed", "message": why})
+                    await refuse_startup(send, log, "gateway", exc)
                     return
                 await self.router.probe()
                 self.prober = asyncio.get_running_loop().create_task(self.router.probe_forever())
